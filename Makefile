@@ -1,0 +1,27 @@
+# Two commands for a fresh machine:
+#   make demo   set up .venv, pull the default model pair, run a speculative generation
+#   make test   set up .venv with the test extras and run the whole suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.augury-installed
+
+.PHONY: demo test venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/augury demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache
