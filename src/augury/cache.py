@@ -1,0 +1,100 @@
+"""KV cache: preallocated per layer, one length pointer per sequence.
+
+Speculative decoding writes K/V for every drafted token and then keeps only the
+accepted prefix. Rollback therefore has to be free: the cache never moves data
+on truncate, it only moves each sequence's length pointer back, and the next
+forward overwrites the stale slots. Slot j of a sequence always holds the token
+at position j of that sequence, so positions can be derived from slots.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class KVCache:
+    """Keys and values for a batch of sequences with their own lengths.
+
+    keys[layer], values[layer]: [B, H_kv, max_len, D]. `lengths[b]` is the
+    number of valid slots of sequence b; slots at or beyond it are garbage.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        batch_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (batch_size, num_kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.max_len = max_len
+        self.lengths: list[int] = [0] * batch_size
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.lengths)
+
+    def write(self, layer: int, k_new: Tensor, v_new: Tensor) -> None:
+        """Store a block of new K/V right after each sequence's current length.
+
+        k_new, v_new: [B, H_kv, T, D]. Lengths are not advanced here; the
+        decoder calls `advance(T)` once after all layers wrote.
+        """
+        t = k_new.shape[2]
+        keys, values = self.keys[layer], self.values[layer]
+        if all(n == self.lengths[0] for n in self.lengths):
+            start = self.lengths[0]
+            keys[:, :, start : start + t] = k_new
+            values[:, :, start : start + t] = v_new
+            return
+        for b, start in enumerate(self.lengths):
+            keys[b, :, start : start + t] = k_new[b]
+            values[b, :, start : start + t] = v_new[b]
+
+    def view(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
+        """The first `length` slots of every sequence: two [B, H_kv, length, D] views."""
+        return self.keys[layer][:, :, :length], self.values[layer][:, :, :length]
+
+    def advance(self, n: int) -> None:
+        """Every sequence gained n slots (written by the forward that just ran)."""
+        self.lengths = [length + n for length in self.lengths]
+
+    def truncate(self, lengths: list[int] | int) -> None:
+        """Roll back to the given lengths in O(1): stale slots are simply overwritten later."""
+        if isinstance(lengths, int):
+            lengths = [lengths] * self.batch_size
+        for old, new in zip(self.lengths, lengths):
+            if new > old or new < 0:
+                raise ValueError(f"cannot truncate a sequence of length {old} to {new}")
+        self.lengths = list(lengths)
+
+    def reset(self) -> None:
+        """Forget every sequence (keeps the allocation)."""
+        self.lengths = [0] * self.batch_size
+
+    def compact(self, batch_index: int, start: int, keep: Tensor) -> None:
+        """Keep only the slots `start + keep[i]` of one sequence, moved to `start + i`.
+
+        Token trees write a whole tree after the prefix; once a path is accepted
+        its entries must become contiguous again. keep: [N] indices into the block.
+        The length becomes start + N.
+        """
+        src = start + keep.to(torch.long)
+        n = src.numel()
+        for keys, values in zip(self.keys, self.values):
+            keys[batch_index, :, start : start + n] = keys[batch_index, :, src]
+            values[batch_index, :, start : start + n] = values[batch_index, :, src]
+        self.lengths[batch_index] = start + n
+
+    def check_room(self, n: int) -> None:
+        """Raise if any sequence cannot take n more slots."""
+        longest = max(self.lengths) + n
+        if longest > self.max_len:
+            raise ValueError(f"KV cache full: need {longest} slots, have {self.max_len}")

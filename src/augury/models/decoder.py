@@ -1,0 +1,439 @@
+"""One readable decoder-only transformer for qwen2, llama and gemma3.
+
+The three architectures differ only in a handful of switches (biases on q/k/v,
+q/k norms, extra norms after attention and MLP, embedding scale, activation,
+sliding-window layers), so they share one code path configured by
+`ModelConfig`, never by model names.
+
+Every forward takes a block of T new tokens per sequence with explicit
+positions and an optional block mask, appends their K/V to the cache and
+returns logits for the rows asked for. Plain decoding (T = 1), prefill,
+verification of a K-token chain and of a token tree all use this one path.
+
+Batch invariance: on this CPU (oneDNN/MKL) a matmul's row comes out bitwise
+the same whatever the row count, with exceptions that padding removes: in bf16
+a single row takes a GEMV path that rounds differently (pad to 2 rows); in
+fp32 rows in a trailing partial group of 4 take another kernel (pad to a
+multiple of 4). Padding every forward that way (`pad_rows`) makes a token's logits
+the same bits whether it was decoded alone or verified inside a block of
+drafted tokens: speculative greedy output then equals plain greedy output
+exactly, not merely up to near-ties. The padding is free in bf16 (two rows
+cost no more than one) and is on by default; `exact=False` turns it off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from augury.cache import KVCache
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and switches of one decoder; everything the forward needs to know."""
+
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    context_length: int = 4096
+    qkv_bias: bool = False  # qwen2
+    qk_norm: bool = False  # gemma3: RMSNorm over each head of q and k
+    post_norms: bool = False  # gemma3: norms after attention and after the MLP
+    embed_scale: float = 1.0  # gemma3: sqrt(hidden_size)
+    activation: str = "silu"  # "silu" or "gelu_tanh"
+    tie_embeddings: bool = False
+    # Sliding-window attention (gemma3): layers whose index % sliding_pattern !=
+    # sliding_pattern - 1 attend to the last `sliding_window` positions only and
+    # use their own rope base.
+    sliding_window: int | None = None
+    sliding_pattern: int = 0
+    rope_theta_local: float | None = None
+    query_scale: float | None = None  # defaults to head_dim ** -0.5
+
+    def is_sliding(self, layer: int) -> bool:
+        if not self.sliding_window or not self.sliding_pattern:
+            return False
+        return layer % self.sliding_pattern != self.sliding_pattern - 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: Tensor  # [hidden]
+    wqkv: Tensor  # [(H + 2 H_kv) * D, hidden]
+    wo: Tensor  # [hidden, H * D]
+    mlp_norm: Tensor  # [hidden]
+    w_gate_up: Tensor  # [2 * I, hidden]
+    w_down: Tensor  # [hidden, I]
+    bqkv: Tensor | None = None  # [(H + 2 H_kv) * D]
+    q_norm: Tensor | None = None  # [D]
+    k_norm: Tensor | None = None  # [D]
+    post_attn_norm: Tensor | None = None  # [hidden]
+    post_mlp_norm: Tensor | None = None  # [hidden]
+
+
+@dataclass
+class Weights:
+    embed: Tensor  # [V, hidden]
+    final_norm: Tensor  # [hidden]
+    lm_head: Tensor  # [V, hidden]; the same tensor as embed when tied
+    layers: list[LayerWeights] = field(default_factory=list)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm computed in fp32 (as the reference models do), returned in x's dtype.
+
+    x: [..., N], weight: [N] holding the full multiplier (gemma's 1 + w is
+    folded in at load time).
+    """
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (x32 * weight.float()).to(x.dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding, half-split layout. x: [B, H, T, D]; cos, sin: [B, 1, T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class RopeTable:
+    """cos/sin for positions 0..n-1, grown on demand, in the model dtype."""
+
+    def __init__(self, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device) -> None:
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+        self.dtype = dtype
+        self.cos = torch.empty(0, head_dim, dtype=dtype, device=device)
+        self.sin = self.cos
+
+    def lookup(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """positions: [B, T] -> cos, sin: [B, 1, T, D]."""
+        needed = int(positions.max()) + 1
+        if needed > self.cos.shape[0]:
+            size = max(needed, 2 * self.cos.shape[0], 256)
+            t = torch.arange(size, dtype=torch.float32, device=self.inv_freq.device)
+            freqs = torch.outer(t, self.inv_freq)
+            angles = torch.cat((freqs, freqs), dim=-1)
+            self.cos, self.sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+class Decoder:
+    """A decoder-only transformer over preloaded weights.
+
+    Not an nn.Module: there is nothing to train here and plain tensors keep the
+    per-call overhead (which matters for a drafter on a CPU) minimal.
+    """
+
+    def __init__(self, config: ModelConfig, weights: Weights, *, exact: bool = True) -> None:
+        self.config = config
+        self.weights = weights
+        self.dtype = weights.embed.dtype
+        self.device = weights.embed.device
+        self.row_multiple, self.min_rows = invariant_rows(self.dtype, self.device) if exact else (1, 1)
+        self.rope_global = RopeTable(config.head_dim, config.rope_theta, self.dtype, self.device)
+        self.rope_local = (
+            RopeTable(config.head_dim, config.rope_theta_local, self.dtype, self.device)
+            if config.rope_theta_local is not None
+            else self.rope_global
+        )
+        self.scale = config.query_scale if config.query_scale is not None else config.head_dim**-0.5
+        # Blocks up to this many rows (decode steps, verification, token
+        # trees) attend row by row, which keeps each row's result independent
+        # of its block; longer blocks (prefill) use one masked attention call.
+        self.row_attention_limit = 64 if exact else 0
+
+    def pad_rows(self, rows: int) -> int:
+        """How many rows a matmul over `rows` real rows is padded to (see module doc)."""
+        padded = max(rows, self.min_rows)
+        return -(-padded // self.row_multiple) * self.row_multiple
+
+    def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        """An empty KV cache for this model; max_len defaults to the context length."""
+        c = self.config
+        return KVCache(
+            c.num_layers,
+            batch_size,
+            c.num_kv_heads,
+            c.head_dim,
+            (max_len or c.context_length) + 8,  # room for padding rows (see pad_rows)
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: Tensor,
+        cache: KVCache,
+        *,
+        positions: Tensor | None = None,
+        block_mask: Tensor | None = None,
+        logits_rows: Tensor | slice | None = None,
+        return_hidden: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Run a block of new tokens and append their K/V to the cache.
+
+        tokens: [B, T] token ids.
+        positions: [B, T] rope positions; default cache.lengths[b] + arange(T).
+        block_mask: [B, T, T] or [T, T] bool, which block tokens each block token
+            sees (default causal); the cached prefix is always visible.
+        logits_rows: which of the T rows to project to logits (index tensor or
+            slice); default all.
+        Returns logits [B, R, V] in fp32 and, with return_hidden, the final
+        normed hidden states [B, T, hidden].
+
+        Every sequence's cache length grows by T; callers truncate what they
+        do not keep.
+        """
+        batch, t_real = tokens.shape
+        if positions is None:
+            base = torch.tensor(cache.lengths, device=self.device).unsqueeze(1)
+            positions = base + torch.arange(t_real, device=self.device)
+        t_padded = self.pad_rows(t_real)
+        padded = t_padded > t_real
+        if padded:
+            # Pad with copies of the last token at the next positions: they see
+            # the real tokens, the real tokens do not see them, and the cache
+            # forgets them right after.
+            extra = t_padded - t_real
+            tokens = torch.cat([tokens, tokens[:, -1:].expand(batch, extra)], dim=1)
+            positions = torch.cat(
+                [positions, positions[:, -1:] + torch.arange(1, extra + 1, device=self.device)], dim=1
+            )
+            if block_mask is not None:
+                block_mask = _pad_block_mask(block_mask, t_padded)
+        cache.check_room(tokens.shape[1])
+        hidden = self._run_layers(tokens, positions, cache, block_mask, t_real)
+        if padded:
+            cache.truncate([n - (t_padded - t_real) for n in cache.lengths])
+
+        if padded:
+            hidden = hidden[:, :t_real]
+        logits = self._project(hidden if logits_rows is None else hidden[:, logits_rows])
+        if return_hidden:
+            return logits, hidden
+        return logits
+
+    def _project(self, rows: Tensor) -> Tensor:
+        """Final hidden rows [B, R, hidden] -> fp32 logits [B, R, V], through a padded matmul."""
+        batch, r, _ = rows.shape
+        flat = rows.reshape(batch * r, -1)
+        extra = self.pad_rows(flat.shape[0]) - flat.shape[0]
+        if extra:
+            flat = torch.cat([flat, flat[-1:].expand(extra, -1)])
+        logits = F.linear(flat, self.weights.lm_head)[: batch * r]
+        return logits.float().view(batch, r, -1)
+
+    def _run_layers(
+        self, tokens: Tensor, positions: Tensor, cache: KVCache, block_mask: Tensor | None, real_rows: int
+    ) -> Tensor:
+        c = self.config
+        w = self.weights
+        batch, t = tokens.shape
+        x = F.embedding(tokens, w.embed)
+        if c.embed_scale != 1.0:
+            x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
+        total = max(cache.lengths) + t
+        if t <= self.row_attention_limit:
+            # Each real row attends alone to exactly the keys it sees: the same
+            # call shape whether the token is decoded alone or verified in a block.
+            attend_global = row_key_sets(cache.lengths, positions, block_mask, real_rows, window=None)
+            attend_local = (
+                row_key_sets(cache.lengths, positions, block_mask, real_rows, window=c.sliding_window)
+                if c.sliding_window
+                else attend_global
+            )
+        else:
+            attend_global = attention_mask(cache.lengths, positions, total, block_mask, window=None)
+            attend_local = (
+                attention_mask(cache.lengths, positions, total, block_mask, window=c.sliding_window)
+                if c.sliding_window
+                else attend_global
+            )
+        rope_global = self.rope_global.lookup(positions)
+        rope_local = self.rope_local.lookup(positions) if self.rope_local is not self.rope_global else rope_global
+        for i, layer in enumerate(w.layers):
+            sliding = c.is_sliding(i)
+            h = rms_norm(x, layer.attn_norm, c.rms_eps)
+            h = self._attention(
+                i, layer, h, cache, rope_local if sliding else rope_global,
+                attend_local if sliding else attend_global, total,
+            )
+            if layer.post_attn_norm is not None:
+                h = rms_norm(h, layer.post_attn_norm, c.rms_eps)
+            x = x + h
+            h = rms_norm(x, layer.mlp_norm, c.rms_eps)
+            h = self._mlp(layer, h)
+            if layer.post_mlp_norm is not None:
+                h = rms_norm(h, layer.post_mlp_norm, c.rms_eps)
+            x = x + h
+        cache.advance(t)
+        return rms_norm(x, w.final_norm, c.rms_eps)
+
+    def _attention(
+        self,
+        index: int,
+        layer: LayerWeights,
+        h: Tensor,
+        cache: KVCache,
+        rope: tuple[Tensor, Tensor],
+        attend: Tensor | list,
+        total: int,
+    ) -> Tensor:
+        """h: [B, T, hidden] -> [B, T, hidden]; writes this block's K/V for layer `index`.
+
+        attend: a [B, 1, T, S] mask (batched path) or per-row key sets from
+        `row_key_sets` (row path).
+        """
+        c = self.config
+        batch, t, _ = h.shape
+        qkv = F.linear(h, layer.wqkv, layer.bqkv)
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q = qkv[..., :q_size].view(batch, t, c.num_heads, c.head_dim).transpose(1, 2)
+        k = qkv[..., q_size : q_size + kv_size].view(batch, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = qkv[..., q_size + kv_size :].view(batch, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        if layer.q_norm is not None:
+            q = rms_norm(q, layer.q_norm, c.rms_eps)
+            k = rms_norm(k, layer.k_norm, c.rms_eps)
+        cos, sin = rope
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        cache.write(index, k, v)
+        if isinstance(attend, Tensor):
+            keys, values = cache.view(index, total)
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=attend, scale=self.scale, enable_gqa=c.num_heads != c.num_kv_heads
+            )
+        else:
+            out = self._attend_rows(index, q, cache, attend)
+        out = out.transpose(1, 2).reshape(batch, t, q_size)
+        return F.linear(out, layer.wo)
+
+    def _attend_rows(self, index: int, q: Tensor, cache: KVCache, attend: list) -> Tensor:
+        """Attention one query row at a time. q: [B, H, T, D] -> [B, H, T, D].
+
+        The query heads that share a KV head are folded into the row axis
+        ([1, H_kv, H/H_kv, D]), which is exact and much faster than GQA
+        broadcasting for a single row. Padding rows get zeros.
+        """
+        c = self.config
+        group = c.num_heads // c.num_kv_heads
+        out = torch.zeros_like(q)
+        keys_all, values_all = cache.keys[index], cache.values[index]
+        for b, i, keys_at in attend:
+            keys, values = keys_all[b : b + 1, :, keys_at], values_all[b : b + 1, :, keys_at]
+            row = q[b : b + 1, :, i].reshape(1, c.num_kv_heads, group, c.head_dim)
+            res = F.scaled_dot_product_attention(row, keys, values, scale=self.scale)
+            out[b, :, i] = res.reshape(c.num_heads, c.head_dim)
+        return out
+
+    def _mlp(self, layer: LayerWeights, h: Tensor) -> Tensor:
+        gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
+        if self.config.activation == "gelu_tanh":
+            act = F.gelu(gate, approximate="tanh")
+        else:
+            act = F.silu(gate)
+        return F.linear(act * up, layer.w_down)
+
+
+def invariant_rows(dtype: torch.dtype, device: torch.device) -> tuple[int, int]:
+    """(row multiple, minimum rows) that make matmul rows bitwise batch invariant (measured on CPU).
+
+    GPUs give no such guarantee for their split-K kernels, so nothing is padded there.
+    """
+    if device.type != "cpu":
+        return 1, 1
+    return (4, 4) if dtype == torch.float32 else (1, 2)
+
+
+def _pad_block_mask(block_mask: Tensor, rows: int) -> Tensor:
+    """Grow a [.., T, T] block mask to [.., rows, rows]: padding rows see everything real, nobody sees them."""
+    t = block_mask.shape[-1]
+    out = torch.zeros(*block_mask.shape[:-2], rows, rows, dtype=torch.bool, device=block_mask.device)
+    out[..., :t, :t] = block_mask
+    out[..., t:, :] = True
+    out[..., t:, t:] = torch.tril(torch.ones(rows - t, rows - t, dtype=torch.bool, device=block_mask.device))
+    return out
+
+
+def row_key_sets(
+    lengths: list[int],
+    positions: Tensor,
+    block_mask: Tensor | None,
+    real_rows: int,
+    *,
+    window: int | None,
+) -> list[tuple[int, int, slice | Tensor]]:
+    """For each real block row: (sequence, row, the cache slots it attends to).
+
+    A chain row sees a contiguous slot range (a slice: no copy); a tree row sees
+    the prefix plus its ancestors (an index tensor). Slot j of the prefix holds
+    position j, so the sliding window is applied on slots for the prefix.
+    """
+    batch, t = positions.shape
+    rows = []
+    for b, start in enumerate(lengths):
+        for i in range(real_rows):
+            if block_mask is None:
+                end = start + i + 1
+                lo = 0 if window is None else max(0, int(positions[b, i]) + 1 - window)
+                rows.append((b, i, slice(min(lo, end - 1), end)))
+                continue
+            row_mask = block_mask[b, i] if block_mask.dim() == 3 else block_mask[i]
+            block_slots = start + torch.nonzero(row_mask[:t]).flatten()
+            key_pos = torch.cat([torch.arange(start), positions[b, row_mask[:t]]])
+            slots = torch.cat([torch.arange(start), block_slots])
+            if window is not None:
+                slots = slots[int(positions[b, i]) - key_pos < window]
+            rows.append((b, i, slots))
+    return rows
+
+
+def attention_mask(
+    lengths: list[int],
+    positions: Tensor,
+    total: int,
+    block_mask: Tensor | None,
+    *,
+    window: int | None,
+) -> Tensor:
+    """Boolean mask [B, 1, T, total]: which cache slots each new token attends to.
+
+    lengths: cached prefix length per sequence (before this block).
+    positions: [B, T] positions of the block tokens, written at slots
+        lengths[b] .. lengths[b] + T - 1.
+    block_mask: [B, T, T] / [T, T] visibility inside the block (default causal).
+    window: sliding-window size; a key is visible only if q_pos - k_pos < window.
+    """
+    batch, t = positions.shape
+    device = positions.device
+    slot = torch.arange(total, device=device)  # [S]
+    start = torch.tensor(lengths, device=device).unsqueeze(1)  # [B, 1]
+    in_prefix = slot < start  # [B, S]
+    block_index = slot - start  # [B, S]
+    in_block = (block_index >= 0) & (block_index < t)
+    block_index = block_index.clamp(0, t - 1)
+    if block_mask is None:
+        block_mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    block_mask = block_mask.expand(batch, t, t)
+    sees_block = torch.gather(block_mask, 2, block_index.unsqueeze(1).expand(batch, t, total))
+    visible = in_prefix.unsqueeze(1) | (sees_block & in_block.unsqueeze(1))  # [B, T, S]
+    if window is not None:
+        key_pos = torch.where(in_block, torch.gather(positions, 1, block_index), slot)
+        visible = visible & ((positions.unsqueeze(2) - key_pos.unsqueeze(1)) < window)
+    return visible.unsqueeze(1)
+

@@ -1,0 +1,172 @@
+"""Load a model by name or path, converting once and caching the result.
+
+A GGUF holds block-quantized weights that must be dequantized before torch can
+use them (tens of seconds for 1.5B parameters). The converted weights, config
+and tokenizer are cached under `$AUGURY_HOME/converted/<file>-<key>/` as
+safetensors in the requested dtype, so a second load is a plain file read.
+The cache key covers the source file's path, size and modification time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from augury.errors import AuguryError
+from augury.models.decoder import Decoder, LayerWeights, ModelConfig, Weights
+from augury.models.tokenizer import Tokenizer
+
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise AuguryError(f"unknown dtype '{name}' (choose from bf16, fp16, fp32)") from None
+
+
+def parse_device(name: str | torch.device) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise AuguryError(f"unknown device '{name}' (e.g. cpu, cuda, cuda:1)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise AuguryError("device 'cuda' requested but no CUDA device is available")
+    return device
+
+
+@dataclass
+class Model:
+    """A loaded model: the decoder, its tokenizer, and where it came from."""
+
+    name: str
+    decoder: Decoder
+    tokenizer: Tokenizer
+    source: Path
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.decoder.config
+
+
+def weights_from_flat(flat: dict[str, torch.Tensor], config: ModelConfig) -> Weights:
+    """Build `Weights` from augury's flat tensor names ("embed", "layers.3.wqkv", ...)."""
+    layers = []
+    for i in range(config.num_layers):
+        prefix = f"layers.{i}."
+        fields = {name[len(prefix) :]: t for name, t in flat.items() if name.startswith(prefix)}
+        layers.append(LayerWeights(**fields))
+    embed = flat["embed"]
+    return Weights(
+        embed=embed,
+        final_norm=flat["final_norm"],
+        lm_head=embed if config.tie_embeddings else flat["lm_head"],
+        layers=layers,
+    )
+
+
+def _cache_dir(source: Path, home: Path) -> Path:
+    stat = source.stat()
+    if source.is_dir():
+        parts = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in source.iterdir() if p.is_file())
+        key_src = f"{source.resolve()}|{parts}"
+    else:
+        key_src = f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
+    return home / "converted" / f"{source.name}-{key}"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _convert(source: Path, dtype: torch.dtype, progress: bool) -> tuple[ModelConfig, Tokenizer, dict]:
+    if source.is_dir():
+        from augury.models import hf
+
+        config = hf.read_config(source)
+        return config, hf.read_tokenizer(source), hf.read_weights(source, config, dtype)
+    from augury.models import gguf
+
+    reader = gguf.open_gguf(source)
+    config = gguf.read_config(reader, source)
+    tokenizer = gguf.read_tokenizer(source)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        total = sum(int(t.n_bytes) for t in reader.tensors)
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"converting {source.name}", file=sys.stderr)
+    try:
+        flat = gguf.read_weights(reader, config, source, dtype, progress=bar.update if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    return config, tokenizer, flat
+
+
+def _save_atomic(folder: Path, config: ModelConfig, tokenizer: Tokenizer, flat: dict, dtype: torch.dtype) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
+    tokenizer.save(folder)
+    target = folder / f"weights-{_dtype_name(dtype)}.safetensors"
+    tmp = target.with_suffix(".tmp")
+    save_file(flat, str(tmp))
+    os.replace(tmp, target)
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    dtype: str | torch.dtype = "bf16",
+    device: str | torch.device = "cpu",
+    offline: bool = False,
+    exact: bool = True,
+    use_cache: bool = True,
+    progress: bool = True,
+) -> Model:
+    """Load a known model name (pulled on first use), a .gguf file or a Hugging Face folder.
+
+    exact: pad small forwards to the row count from which this machine's
+    matmuls are batch invariant, so that speculative verification is bitwise
+    equal to plain decoding (see decoder.py).
+    """
+    from augury.models.store import augury_home, resolve
+
+    torch_dtype = parse_dtype(dtype)
+    torch_device = parse_device(device)
+    source = resolve(name_or_path, offline=offline)
+    cached = _cache_dir(source, augury_home()) if use_cache else None
+    weights_file = cached / f"weights-{_dtype_name(torch_dtype)}.safetensors" if cached else None
+    if weights_file is not None and weights_file.exists():
+        from safetensors.torch import load_file
+
+        config = ModelConfig(**json.loads((cached / "config.json").read_text()))
+        tokenizer = Tokenizer.load(cached)
+        flat = load_file(str(weights_file))
+    else:
+        config, tokenizer, flat = _convert(source, torch_dtype, progress)
+        if cached is not None:
+            _save_atomic(cached, config, tokenizer, flat, torch_dtype)
+    if torch_device.type != "cpu":
+        flat = {name: t.to(torch_device) for name, t in flat.items()}
+    decoder = Decoder(config, weights_from_flat(flat, config), exact=exact)
+    return Model(name=name_or_path, decoder=decoder, tokenizer=tokenizer, source=source)

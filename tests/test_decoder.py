@@ -1,0 +1,115 @@
+"""The decoder against transformers, and the cache's rollback and ragged batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.tiny import ARCHS, decoder_from_hf, hf_model, save_hf
+
+
+def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((ours - ref).abs().max() / ref.abs().max())
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def pair(request, tmp_path_factory):
+    arch = request.param
+    model = hf_model(arch)
+    folder = save_hf(model, tmp_path_factory.mktemp(arch))
+    return arch, model, decoder_from_hf(folder)
+
+
+def test_logits_match_transformers(pair):
+    arch, model, ours = pair
+    torch.manual_seed(1)
+    tokens = torch.randint(0, 96, (2, 13))
+    with torch.no_grad():
+        ref = model(tokens).logits.float()
+    cache = ours.new_cache(2, 64)
+    logits = ours.forward(tokens, cache)
+    assert rel_err(logits, ref) < 1e-4, f"{arch}: relative error {rel_err(logits, ref):.2e}"
+
+
+def test_incremental_decoding_matches_full_forward(pair):
+    """Prefill 7 tokens then feed 1, 2 and 3 more: every row equals the one-shot forward."""
+    arch, model, ours = pair
+    torch.manual_seed(2)
+    tokens = torch.randint(0, 96, (1, 13))
+    with torch.no_grad():
+        ref = model(tokens).logits.float()
+    cache = ours.new_cache(1, 64)
+    chunks = [ours.forward(tokens[:, :7], cache)]
+    for lo, hi in ((7, 8), (8, 10), (10, 13)):
+        chunks.append(ours.forward(tokens[:, lo:hi], cache))
+    logits = torch.cat(chunks, dim=1)
+    assert cache.lengths == [13]
+    assert rel_err(logits, ref) < 1e-4, f"{arch}: relative error {rel_err(logits, ref):.2e}"
+
+
+def test_rollback_then_reforward_equals_fresh_prefill(pair):
+    """Write 5 speculative tokens, roll back 3, feed different ones: identical to never having written them."""
+    arch, _, ours = pair
+    torch.manual_seed(3)
+    prefix = torch.randint(0, 96, (1, 9))
+    junk = torch.randint(0, 96, (1, 5))
+    tail = torch.randint(0, 96, (1, 4))
+    cache = ours.new_cache(1, 64)
+    ours.forward(prefix, cache)
+    ours.forward(junk, cache)
+    cache.truncate(9 + 2)
+    rolled = ours.forward(tail, cache)
+
+    fresh_cache = ours.new_cache(1, 64)
+    ours.forward(torch.cat([prefix, junk[:, :2]], dim=1), fresh_cache)
+    fresh = ours.forward(tail, fresh_cache)
+    assert torch.equal(rolled, fresh), f"{arch}: rollback changed the logits"
+    n = cache.lengths[0]
+    for layer in range(ours.config.num_layers):
+        assert torch.equal(cache.keys[layer][:, :, :n], fresh_cache.keys[layer][:, :, :n])
+
+
+def test_ragged_batch_equals_one_by_one(pair):
+    """Two sequences with different prefix lengths decoded together equal each decoded alone."""
+    arch, _, ours = pair
+    torch.manual_seed(4)
+    seqs = [torch.randint(0, 96, (1, 11)), torch.randint(0, 96, (1, 6))]
+    steps = torch.randint(0, 96, (2, 3))
+
+    alone = []
+    for b, seq in enumerate(seqs):
+        cache = ours.new_cache(1, 64)
+        ours.forward(seq, cache)
+        alone.append(ours.forward(steps[b : b + 1], cache))
+
+    batch_cache = ours.new_cache(2, 64)
+    # Prefill each row separately into the shared cache (different lengths), then step together.
+    for b, seq in enumerate(seqs):
+        single = ours.new_cache(1, 64)
+        ours.forward(seq, single)
+        for layer in range(ours.config.num_layers):
+            batch_cache.keys[layer][b] = single.keys[layer][0]
+            batch_cache.values[layer][b] = single.values[layer][0]
+    batch_cache.lengths = [11, 6]
+    together = ours.forward(steps, batch_cache)
+    for b in range(2):
+        err = rel_err(together[b : b + 1], alone[b])
+        assert err < 1e-5, f"{arch}: row {b} differs by {err:.2e}"
+    assert batch_cache.lengths == [14, 9]
+
+
+def test_single_token_padding_is_invisible(pair):
+    """min_rows padding of one-token steps must not change results (compared to no padding)."""
+    arch, _, ours = pair
+    torch.manual_seed(5)
+    tokens = torch.randint(0, 96, (1, 8))
+    outs = []
+    exact_rows = (ours.row_multiple, ours.min_rows)
+    for rows in ((1, 1), exact_rows):
+        ours.row_multiple, ours.min_rows = rows
+        cache = ours.new_cache(1, 64)
+        ours.forward(tokens[:, :7], cache)
+        outs.append(ours.forward(tokens[:, 7:], cache))
+        assert cache.lengths == [8]
+    ours.row_multiple, ours.min_rows = exact_rows
+    assert rel_err(outs[1], outs[0]) < 1e-5

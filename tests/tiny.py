@@ -1,0 +1,105 @@
+"""Tiny random models of each supported architecture, built with transformers and saved as HF folders.
+
+Tests compare augury's decoder against transformers on these, and the engine
+tests use them as fast stand-ins for real models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from augury.models.decoder import Decoder, ModelConfig
+from augury.models.loader import weights_from_flat
+
+ARCHS = ("llama", "qwen2", "gemma3")
+
+
+def hf_config(arch: str, vocab: int = 96, layers: int = 2):
+    import transformers
+
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
+    if arch == "llama":
+        return transformers.LlamaConfig(**common, rope_theta=10000.0)
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**common, rope_theta=1000000.0)
+    if arch == "gemma3":
+        return transformers.Gemma3TextConfig(
+            **{**common, "num_hidden_layers": max(layers, 3), "tie_word_embeddings": True},
+            head_dim=32,
+            sliding_window=4,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"][: max(layers, 3)],
+            query_pre_attn_scalar=32,
+        )
+    raise ValueError(arch)
+
+
+def hf_model(arch: str, seed: int = 0, **kw):
+    """A transformers causal LM with random weights (fp32, eval mode)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = hf_config(arch, **kw)
+    cls = transformers.Gemma3ForCausalLM if arch == "gemma3" else transformers.AutoModelForCausalLM
+    model = cls.from_config(config) if cls is transformers.AutoModelForCausalLM else cls(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(0.0 if arch == "gemma3" else 1.0, 0.2)
+            else:
+                param.normal_(0.0, 0.3 if "embed" in name else 0.15)
+    return model.float().eval()
+
+
+def save_hf(model, folder: Path) -> Path:
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def decoder_from_hf(folder: Path, dtype=torch.float32, exact: bool = True) -> Decoder:
+    from augury.models import hf
+
+    config = hf.read_config(folder)
+    return Decoder(config, weights_from_flat(hf.read_weights(folder, config, dtype), config), exact=exact)
+
+
+def random_decoder(
+    vocab: int = 8, seed: int = 0, dtype=torch.float32, layers: int = 1, hidden: int = 32, arch: str = "llama"
+) -> Decoder:
+    """A very small random decoder without transformers, for engine tests (fast)."""
+    config = ModelConfig(
+        arch=arch,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_layers=layers,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=hidden // 2,
+        context_length=512,
+    )
+    gen = torch.Generator().manual_seed(seed)
+    flat = {"embed": torch.randn(vocab, hidden, generator=gen), "final_norm": torch.ones(hidden),
+            "lm_head": torch.randn(vocab, hidden, generator=gen) * 0.5}
+    qkv_rows = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+    for i in range(layers):
+        p = f"layers.{i}."
+        flat[p + "attn_norm"] = torch.ones(hidden)
+        flat[p + "mlp_norm"] = torch.ones(hidden)
+        flat[p + "wqkv"] = torch.randn(qkv_rows, hidden, generator=gen) * 0.3
+        flat[p + "wo"] = torch.randn(hidden, config.num_heads * config.head_dim, generator=gen) * 0.3
+        flat[p + "w_gate_up"] = torch.randn(4 * hidden, hidden, generator=gen) * 0.3
+        flat[p + "w_down"] = torch.randn(hidden, 2 * hidden, generator=gen) * 0.3
+    flat = {k: v.to(torch.float32 if k.endswith("norm") else dtype) for k, v in flat.items()}
+    return Decoder(config, weights_from_flat(flat, config))
