@@ -153,7 +153,7 @@ def read_weights(reader, config: ModelConfig, path: Path, dtype: torch.dtype, pr
             array = gguf.quants.dequantize(t.data, t.tensor_type)
         except Exception as exc:
             raise AuguryError(f"{path}: cannot dequantize {t.name} ({qtype}): {exc}") from None
-        tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+        tensor = torch.from_numpy(np.require(array, np.float32, ["C", "W"]))
         if config.arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias")):
             tensor = _unpermute_rotary(tensor, config.num_heads)
         elif config.arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):

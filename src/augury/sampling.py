@@ -1,0 +1,146 @@
+"""Logits -> probabilities: the only place where sampling controls are applied.
+
+Lossless speculative decoding guarantees the target's distribution only for
+the distribution both sides were given. So the same function turns the
+target's logits into p_target and the drafter's logits into q_draft, with the
+same temperature, top-k, top-p, min-p and penalties, and with each drafted
+position's token history (context plus the drafted tokens before it) feeding
+the penalties exactly as plain decoding would see it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from augury.errors import AuguryError
+
+MAX_TOKENS_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What the user asked for. temperature 0 means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # >1 discourages any token already in prompt or output
+    presence_penalty: float = 0.0  # subtracted once from tokens already in the output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    max_tokens: int = 256
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def validate(params: SamplingParams) -> None:
+    """Raise AuguryError naming the first out-of-range parameter."""
+    if not isinstance(params.temperature, (int, float)) or params.temperature < 0:
+        raise AuguryError(f"temperature must be >= 0, got {params.temperature}")
+    if not isinstance(params.top_k, int) or params.top_k < 0:
+        raise AuguryError(f"top_k must be an integer >= 0 (0 = off), got {params.top_k}")
+    if not 0.0 < params.top_p <= 1.0:
+        raise AuguryError(f"top_p must be in (0, 1], got {params.top_p}")
+    if not 0.0 <= params.min_p <= 1.0:
+        raise AuguryError(f"min_p must be in [0, 1], got {params.min_p}")
+    if params.repetition_penalty <= 0:
+        raise AuguryError(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(params, name)
+        if not -2.0 <= value <= 2.0:
+            raise AuguryError(f"{name} must be in [-2, 2], got {value}")
+    if not isinstance(params.max_tokens, int) or not 0 < params.max_tokens <= MAX_TOKENS_LIMIT:
+        raise AuguryError(f"max_tokens must be a positive integer, got {params.max_tokens}")
+
+
+def apply_penalties(
+    logits: Tensor, params: SamplingParams, prompt: list[int], output: list[int], drafted: list[int]
+) -> Tensor:
+    """Penalize tokens already seen, row by row.
+
+    logits: [N, V]. Row i sees the prompt, the output so far and drafted[:i]
+    (the tokens that plain decoding would have produced before that position).
+    """
+    if not params.has_penalties:
+        return logits
+    n, vocab = logits.shape
+    device = logits.device
+    out_counts = torch.zeros(n, vocab, device=device)
+    if output:
+        out_counts += torch.bincount(torch.tensor(output, device=device), minlength=vocab)[:vocab].float()
+    if drafted and n > 1:
+        steps = torch.zeros(n, vocab, device=device)
+        rows = torch.arange(1, n, device=device)
+        steps[rows, torch.tensor(drafted[: n - 1], device=device)] = 1.0
+        out_counts += steps.cumsum(0)
+    logits = logits.clone()
+    if params.repetition_penalty != 1.0:
+        seen = out_counts > 0
+        if prompt:
+            seen[:, torch.tensor(prompt, device=device)] = True
+        penalized = torch.where(logits > 0, logits / params.repetition_penalty, logits * params.repetition_penalty)
+        logits = torch.where(seen, penalized, logits)
+    logits -= params.frequency_penalty * out_counts
+    logits -= params.presence_penalty * (out_counts > 0).float()
+    return logits
+
+
+def probabilities(
+    logits: Tensor,
+    params: SamplingParams,
+    prompt: list[int] | None = None,
+    output: list[int] | None = None,
+    drafted: list[int] | None = None,
+) -> Tensor:
+    """The distribution to sample from, per row. logits: [N, V] -> probs [N, V] (fp32).
+
+    Greedy (temperature 0) gives a one-hot at the argmax, so verification can
+    treat greedy and sampled decoding with one rule.
+    """
+    logits = apply_penalties(logits.float(), params, prompt or [], output or [], drafted or [])
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs
+        drop_sorted = before >= params.top_p  # keep the smallest prefix whose mass reaches top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+    if params.min_p > 0.0:
+        probs = probs.masked_fill(probs < params.min_p * probs.max(-1, keepdim=True).values, 0.0)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Draw one token per row. probs: [N, V] -> [N] long."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A private RNG per request: seeded runs are reproducible whatever else runs."""
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
