@@ -1,0 +1,76 @@
+"""Drafters, all behind the `Proposer` protocol, built by method name.
+
+Each method registers one builder taking the target model and `DraftOptions`;
+the CLI, the benchmark and the server all build proposers through
+`build_proposer`, so adding a drafter means adding one builder here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from augury.errors import AuguryError
+from augury.models.loader import Model
+from augury.proposers.base import Draft, Proposer, Sequence, StatelessProposer
+
+__all__ = ["Draft", "DraftOptions", "Proposer", "Sequence", "StatelessProposer", "build_proposer", "METHODS"]
+
+
+@dataclass
+class DraftOptions:
+    """Everything any drafter may be configured with (each reads what it needs)."""
+
+    draft: str | None = None  # draft model name or path (model, cross, hybrid)
+    dtype: str = "bf16"
+    device: str = "cpu"
+    offline: bool = False
+    ngram_min: int = 1  # ngram/suffix/hybrid: shortest match worth proposing
+    ngram_max: int = 4  # ngram: longest suffix looked up
+    suffix_corpus: str | None = None  # suffix: file that persists earlier outputs between runs
+    skip_layers: str | None = None  # layerskip: "3,5,7" or a calibration file written by `augury calibrate`
+    quant: str = "int8"  # quantized: weight format of the self-draft copy
+
+
+def _build_model(target: Model, options: DraftOptions) -> Proposer:
+    from augury.models.loader import load_model
+    from augury.proposers.draft_model import DraftModelProposer, check_same_vocabulary
+
+    if not options.draft:
+        raise AuguryError("--draft-method model needs --draft NAME_OR_PATH")
+    draft = load_model(options.draft, dtype=options.dtype, device=options.device, offline=options.offline)
+    check_same_vocabulary(target, draft)
+    return DraftModelProposer(draft, target.config.vocab_size)
+
+
+def _lazy(module: str, function: str = "build") -> Callable[[Model, DraftOptions], Proposer]:
+    """A builder imported on first use, so that one method's dependencies never slow the others."""
+
+    def builder(target: Model, options: DraftOptions) -> Proposer:
+        import importlib
+
+        return getattr(importlib.import_module(f"augury.proposers.{module}"), function)(target, options)
+
+    return builder
+
+
+# method name -> builder(target, options). "plain" means no proposer at all.
+METHODS: dict[str, Callable[[Model, DraftOptions], Proposer]] = {
+    "model": _build_model,
+    "ngram": _lazy("ngram"),
+    "suffix": _lazy("suffix"),
+    "cross": _lazy("cross_tokenizer"),
+    "layerskip": _lazy("layer_skip"),
+    "quantized": _lazy("quantized"),
+    "hybrid": _lazy("hybrid"),
+}
+
+
+def build_proposer(method: str, target: Model, options: DraftOptions) -> Proposer | None:
+    """The proposer for a method name; None for plain decoding."""
+    if method == "plain":
+        return None
+    builder = METHODS.get(method)
+    if builder is None:
+        raise AuguryError(f"unknown draft method '{method}' (choose from plain, {', '.join(sorted(METHODS))})")
+    return builder(target, options)
