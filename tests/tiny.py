@@ -103,3 +103,33 @@ def random_decoder(
         flat[p + "w_down"] = torch.randn(hidden, 2 * hidden, generator=gen) * 0.3
     flat = {k: v.to(torch.float32 if k.endswith("norm") else dtype) for k, v in flat.items()}
     return Decoder(config, weights_from_flat(flat, config))
+
+
+class CharTokenizer:
+    """A stand-in tokenizer for tiny models: token i is one printable character.
+
+    It has what the engine uses (decode, encode, eos_ids, vocab) and nothing else.
+    """
+
+    ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?-+*/=()[]{}<>@#$%^&_|~'\"`\n\t"
+
+    def __init__(self, vocab_size: int, eos_id: int | None = None) -> None:
+        assert vocab_size <= len(self.ALPHABET)
+        self.vocab_size = vocab_size
+        self.eos_ids = frozenset() if eos_id is None else frozenset({eos_id})
+        self.bos_id = None
+        self.vocab = {self.ALPHABET[i]: i for i in range(vocab_size)}
+
+    def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
+        return [self.vocab[c] for c in text]
+
+    def decode(self, ids: list[int], *, skip_special: bool = True) -> str:
+        return "".join(self.ALPHABET[i] for i in ids if i not in self.eos_ids or not skip_special)
+
+
+def tiny_model(vocab: int = 8, seed: int = 0, dtype=torch.float32, eos_id: int | None = None, **kw):
+    """A Model (decoder + CharTokenizer) small enough for thousands of engine runs."""
+    from augury.models.loader import Model
+
+    decoder = random_decoder(vocab=vocab, seed=seed, dtype=dtype, **kw)
+    return Model(name=f"tiny-{seed}", decoder=decoder, tokenizer=CharTokenizer(vocab, eos_id), source=Path("."))
