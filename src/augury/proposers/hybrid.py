@@ -1,0 +1,74 @@
+"""Hybrid: a free suffix-match draft when there is a good one, a draft model's otherwise.
+
+Matching costs nothing and, on repetitive text, drafts long runs the target
+accepts; elsewhere it has nothing to say and a small model is the better
+guess. Per step the rule is: take the matcher's draft when it has at least
+min(k, ngram_min + 1) tokens, otherwise let the draft model propose. A match
+that only yields one or two tokens is often a coincidence of common tokens,
+and a longer continuation means the match kept holding in the text, so this
+asks a little more than the matcher's own minimum before skipping the model;
+with k = 1 any matched token is as long as the model's draft and is taken.
+
+Whichever part proposed hears the verification. The draft model is simply not
+told about steps it sat out: its cache then still holds a prefix of the
+committed tokens, and its next propose feeds whatever it has not seen, so its
+state stays consistent without any replay. Both parts' drafts go through the
+same verifier, so the output is the target's whichever proposed.
+"""
+
+from __future__ import annotations
+
+from augury.errors import AuguryError
+from augury.models.loader import Model
+from augury.proposers import METHODS, DraftOptions, Proposer
+from augury.proposers.base import Draft, Sequence
+from augury.proposers.suffix import build as build_suffix
+
+
+class HybridProposer:
+    """The matcher when its draft is long enough, the model drafter otherwise."""
+
+    name = "hybrid"
+
+    def __init__(self, matcher: Proposer, model: Proposer, min_match_tokens: int = 2) -> None:
+        self.matcher = matcher
+        self.model = model
+        self.min_match_tokens = min_match_tokens
+        self.proposed_by: dict[int, Proposer] = {}  # seq.id -> the part whose draft is being verified
+        self.matcher_drafts = 0  # steps drafted by each part, for reporting
+        self.model_drafts = 0
+
+    @property
+    def forwards(self) -> int:
+        return self.matcher.forwards + self.model.forwards
+
+    def start(self, seq: Sequence) -> None:
+        self.matcher.start(seq)
+        self.model.start(seq)
+
+    def propose(self, seq: Sequence, k: int) -> Draft:
+        draft = self.matcher.propose(seq, k)
+        if len(draft) >= min(k, self.min_match_tokens):
+            self.proposed_by[seq.id] = self.matcher
+            self.matcher_drafts += 1
+            return draft
+        self.proposed_by[seq.id] = self.model
+        self.model_drafts += 1
+        return self.model.propose(seq, k)
+
+    def on_verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        part = self.proposed_by.pop(seq.id, None)
+        if part is not None:
+            part.on_verified(seq, num_drafted, num_accepted)
+
+    def finish(self, seq: Sequence) -> None:
+        self.proposed_by.pop(seq.id, None)
+        self.matcher.finish(seq)
+        self.model.finish(seq)
+
+
+def build(target: Model, options: DraftOptions) -> HybridProposer:
+    """Suffix matcher (with the optional corpus) plus the draft model named by options.draft."""
+    if not options.draft:
+        raise AuguryError("--draft-method hybrid needs --draft NAME_OR_PATH for its fallback draft model")
+    return HybridProposer(build_suffix(target, options), METHODS["model"](target, options), options.ngram_min + 1)
