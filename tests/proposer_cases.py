@@ -1,0 +1,48 @@
+"""Every drafter, built on tiny models, for the tests that must hold for all of them.
+
+Losslessness and greedy equivalence are parametrized over PROPOSER_CASES, so
+a new drafter gets the whole battery by adding one line here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from augury.models.loader import Model
+from augury.proposers import DraftOptions, Proposer
+from tests.tiny import tiny_model
+
+
+@dataclass(frozen=True)
+class ProposerCase:
+    name: str
+    build: Callable[[Model, int], Proposer]  # (target, seed) -> proposer
+
+
+def _draft_model(target: Model, seed: int) -> Proposer:
+    from augury.proposers.draft_model import DraftModelProposer
+
+    cfg = target.config
+    draft = tiny_model(vocab=cfg.vocab_size, seed=seed, hidden=cfg.hidden_size, dtype=target.decoder.dtype)
+    return DraftModelProposer(draft, cfg.vocab_size)
+
+
+def _registered(method: str, **options) -> Callable[[Model, int], Proposer]:
+    """A method built through the registry, as the CLI builds it."""
+
+    def build(target: Model, seed: int) -> Proposer:
+        from augury.proposers import build_proposer
+
+        return build_proposer(method, target, DraftOptions(**options))
+
+    return build
+
+
+PROPOSER_CASES: list[ProposerCase] = [
+    ProposerCase("model", _draft_model),
+]
+
+
+def make_proposer(case: ProposerCase, target: Model, seed: int = 1) -> Proposer:
+    return case.build(target, seed)
