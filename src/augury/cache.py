@@ -79,6 +79,21 @@ class KVCache:
         """Forget every sequence (keeps the allocation)."""
         self.lengths = [0] * self.batch_size
 
+    def rows(self, start: int, stop: int) -> "KVCache":
+        """Sequences start..stop-1 as a cache of their own that shares this one's storage.
+
+        A batching scheduler keeps its running sequences in the first rows of
+        one preallocated pool and runs each step on a view of just those rows:
+        forwards write straight into the pool, nothing is copied. The view
+        has its own length list (a copy of these rows' lengths).
+        """
+        view = object.__new__(KVCache)
+        view.keys = [k[start:stop] for k in self.keys]
+        view.values = [v[start:stop] for v in self.values]
+        view.max_len = self.max_len
+        view.lengths = self.lengths[start:stop]
+        return view
+
     def compact(self, batch_index: int, start: int, keep: Tensor) -> None:
         """Keep only the slots `start + keep[i]` of one sequence, moved to `start + i`.
 
