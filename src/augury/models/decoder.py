@@ -24,6 +24,7 @@ cost no more than one) and is on by default; `exact=False` turns it off.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +71,13 @@ class ModelConfig:
         return asdict(self)
 
 
+class PackedWeight(Protocol):
+    """A weight stored in another format (e.g. int8 with per-row scales) that computes its own matmul."""
+
+    def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        """x: [..., in] -> [..., out]."""
+
+
 @dataclass
 class LayerWeights:
     attn_norm: Tensor  # [hidden]
@@ -102,6 +110,17 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return (x32 * weight.float()).to(x.dtype)
+
+
+def linear(x: Tensor, weight: Tensor | PackedWeight, bias: Tensor | None = None) -> Tensor:
+    """x @ weight.T + bias. x: [..., in]; weight: [out, in] or a packed (e.g. quantized) weight.
+
+    A packed weight brings its own matmul, so a low-precision drafter can share
+    this decoder's code path instead of duplicating it.
+    """
+    if isinstance(weight, Tensor):
+        return F.linear(x, weight, bias)
+    return weight.linear(x, bias)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -236,7 +255,7 @@ class Decoder:
         extra = self.pad_rows(flat.shape[0]) - flat.shape[0]
         if extra:
             flat = torch.cat([flat, flat[-1:].expand(extra, -1)])
-        logits = F.linear(flat, self.weights.lm_head)[: batch * r]
+        logits = linear(flat, self.weights.lm_head)[: batch * r]
         return logits.float().view(batch, r, -1)
 
     def _run_layers(
@@ -302,7 +321,7 @@ class Decoder:
         """
         c = self.config
         batch, t, _ = h.shape
-        qkv = F.linear(h, layer.wqkv, layer.bqkv)
+        qkv = linear(h, layer.wqkv, layer.bqkv)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         q = qkv[..., :q_size].view(batch, t, c.num_heads, c.head_dim).transpose(1, 2)
         k = qkv[..., q_size : q_size + kv_size].view(batch, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
@@ -321,7 +340,7 @@ class Decoder:
         else:
             out = self._attend_rows(index, q, cache, attend)
         out = out.transpose(1, 2).reshape(batch, t, q_size)
-        return F.linear(out, layer.wo)
+        return linear(out, layer.wo)
 
     def _attend_rows(self, index: int, q: Tensor, cache: KVCache, attend: list) -> Tensor:
         """Attention one query row at a time. q: [B, H, T, D] -> [B, H, T, D].
@@ -342,12 +361,12 @@ class Decoder:
         return out
 
     def _mlp(self, layer: LayerWeights, h: Tensor) -> Tensor:
-        gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
+        gate, up = linear(h, layer.w_gate_up).chunk(2, dim=-1)
         if self.config.activation == "gelu_tanh":
             act = F.gelu(gate, approximate="tanh")
         else:
             act = F.silu(gate)
-        return F.linear(act * up, layer.w_down)
+        return linear(act * up, layer.w_down)
 
 
 def invariant_rows(dtype: torch.dtype, device: torch.device) -> tuple[int, int]:
