@@ -1,0 +1,220 @@
+"""`augury bench`: Spec-Bench style comparison of decoding methods, peers and endpoints in one run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from functools import partial
+from pathlib import Path
+
+from augury.commands.common import (
+    add_draft_args,
+    add_model_args,
+    add_sampling_args,
+    draft_options_from_args,
+    sampling_from_args,
+)
+from augury.errors import AuguryError
+
+DRAFT_MODEL_METHODS = ("model", "hybrid", "cross")  # methods that load a second model
+LLAMA_CPP_MAX_CTX = 8192
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark decoding methods on Spec-Bench (or another prompt set) and write a report",
+        description="Runs every method on the same prompts in one process, interleaved prompt by prompt, "
+        "and writes records.jsonl, summary.md, PNG plots and a self-contained report.html to --out. "
+        "Speed-up is tokens/s over plain decoding measured in the same run.",
+    )
+    p.add_argument("--methods", default=None,
+                   help="comma list of plain and drafting methods (default plain,model; with --endpoint and "
+                   "no --methods, the endpoint alone)")
+    p.add_argument("--suite", default="spec-bench:2",
+                   help="spec-bench[:N], mt-bench[:N], gsm8k[:N] (N prompts per task) or a JSONL file with a "
+                   "'prompt' or 'turns' field (default spec-bench:2, 12 prompts)")
+    p.add_argument("--data", default=None, help="the named suite's JSONL file (default ../shared/data/...)")
+    p.add_argument("--turns", choices=("first", "all"), default="first",
+                   help="multi-turn prompts: first turn only (default) or all, feeding back each method's answers")
+    p.add_argument("--no-chat", dest="chat", action="store_false", help="feed prompts raw, without the chat template")
+    p.add_argument("--sweep-k", default=None, help="comma list of K: run each drafting method at every K")
+    p.add_argument("--peers", default=None,
+                   help="comma list of hf, hf-assisted, hf-lookup, llamacpp (autoregressive and prompt lookup), "
+                   "llamacpp-lookup: other engines on the same weights")
+    p.add_argument("--endpoint", default=None, help="also benchmark an OpenAI-compatible server at this URL")
+    p.add_argument("--api-key", default=None, help="bearer token for --endpoint")
+    p.add_argument("--served-model", default=None, help="model name to request from --endpoint (default: first listed)")
+    p.add_argument("--out", required=True, help="folder for records.jsonl and the report")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished runs")
+    p.add_argument("--overwrite", action="store_true", help="discard an earlier run in --out")
+    p.add_argument("--max-prompts", type=int, default=None, help="stop after the first N prompts (resumable)")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the unrecorded warm-up generation")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--report-only", action="store_true", help="only rebuild the report from --out's records")
+    add_model_args(p)
+    add_draft_args(p)
+    add_sampling_args(p)
+    p.add_argument("--max-new-tokens", dest="max_tokens", type=int, help="tokens to generate per turn (default 128)")
+    p.set_defaults(func=run_bench_command, max_tokens=128)
+    for action in p._actions:  # --methods and --max-new-tokens stand for these here
+        if action.dest == "draft_method" or "--max-tokens" in action.option_strings:
+            action.help = argparse.SUPPRESS
+
+
+def parse_methods(spec: str | None) -> list[str]:
+    """Method names from a comma list, checked against the proposer registry."""
+    from augury.proposers import METHODS
+
+    names = list(dict.fromkeys(s.strip() for s in (spec or "").split(",") if s.strip()))
+    for name in names:
+        if name != "plain" and name not in METHODS:
+            raise AuguryError(f"unknown method '{name}' (choose from plain, {', '.join(sorted(METHODS))})")
+    return names
+
+
+def parse_ks(spec: str | None, default: int) -> list[int]:
+    from augury.engine import check_k
+
+    if spec is None:
+        return [default]
+    try:
+        ks = [int(s) for s in spec.split(",") if s.strip()]
+    except ValueError:
+        raise AuguryError(f"--sweep-k must be a comma list of integers, got '{spec}'") from None
+    if not ks:
+        raise AuguryError("--sweep-k is empty")
+    return sorted(set(check_k(k) for k in ks))
+
+
+def _check_report_deps() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise AuguryError("the benchmark report needs matplotlib: pip install 'augury[bench]'") from None
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    from augury.bench.report import console_summary, write_report
+    from augury.bench.runner import check_out_dir
+
+    out = Path(args.out)
+    _check_report_deps()
+    if args.report_only:
+        summary = write_report(out)
+        print(console_summary(summary))
+        print(f"report: {out / 'summary.md'}, {out / 'report.html'}", file=sys.stderr)
+        return 0
+
+    # Everything a user can get wrong is checked before any model loads or any file is written.
+    from augury.bench.endpoint import EndpointContender
+    from augury.bench.peers import parse_peers
+    from augury.bench.suites import load_suite
+    from augury.engine import check_k
+
+    methods = parse_methods(args.methods if args.methods is not None else ("" if args.endpoint else "plain,model"))
+    drafting = [m for m in methods if m != "plain"]
+    ks = parse_ks(args.sweep_k, args.k)
+    check_k(args.k)
+    peers = parse_peers(args.peers)
+    if not methods and not args.endpoint:
+        raise AuguryError("nothing to run: give --methods and/or --endpoint")
+    if peers and not methods:
+        raise AuguryError("--peers compare against augury's methods; give --methods too")
+    if args.max_prompts is not None and args.max_prompts < 1:
+        raise AuguryError("--max-prompts must be at least 1")
+    if args.max_tokens < 1:
+        raise AuguryError("--max-new-tokens must be at least 1")
+    params = sampling_from_args(args)
+    suite = load_suite(args.suite, args.data)
+    check_out_dir(out, args.resume, args.overwrite)
+    endpoint = None
+    if args.endpoint:
+        endpoint = EndpointContender(args.endpoint, args.api_key, args.served_model)
+        endpoint.check()
+
+    notes: list[str] = []
+    contenders: list = []
+    target = None
+    options = draft_options_from_args(argparse.Namespace(**{**vars(args), "draft_method": "plain"}))
+    if args.draft is None and (set(drafting) & set(DRAFT_MODEL_METHODS) or "hf-assisted" in peers):
+        from augury.models.store import DEFAULT_DRAFT
+
+        options = dataclasses.replace(options, draft=DEFAULT_DRAFT)
+    if methods:
+        target, contenders, draft_model = _build_local(args, methods, ks, options)
+        if peers:
+            from augury.bench.peers import build_peers
+
+            if "hf-assisted" in peers and draft_model is None:
+                from augury.models.loader import load_model
+
+                draft_model = load_model(options.draft, dtype=args.dtype, device=args.device, offline=args.offline)
+            n_ctx = min(target.config.context_length, LLAMA_CPP_MAX_CTX)
+            contenders += build_peers(peers, target, draft_model, args.k, n_ctx, notes)
+            notes.append("transformers peers run on augury's own loaded tensors (same bits), greedy or sampled "
+                         "like augury, speculative ones at the same K")
+    if endpoint is not None:
+        contenders.append(endpoint)
+
+    from augury.bench.runner import BenchPlan, check_prompt_lengths, encode_messages, run_bench
+
+    plan = BenchPlan(
+        prompts=suite.prompts,
+        contenders=contenders,
+        params=params,
+        encode=partial(encode_messages, target.tokenizer, chat=args.chat) if target is not None else None,
+        all_turns=args.turns == "all",
+        settings={
+            "model": args.model if target is not None else None,
+            "draft": options.draft if (set(drafting) & set(DRAFT_MODEL_METHODS) or "hf-assisted" in peers) else None,
+            "suite": args.suite,
+            "data": str(suite.path),
+            "k": args.k if args.sweep_k is None else ks,
+            "dtype": args.dtype if target is not None else None,
+            "device": args.device if target is not None else None,
+            "endpoint": f"{endpoint.base} ({endpoint.model})" if endpoint is not None else None,
+            "chat": args.chat,
+            "notes": notes,
+        },
+    )
+    if target is not None:
+        check_prompt_lengths(plan, target.config.context_length)
+    for note in notes:
+        print(f"augury: {note}", file=sys.stderr)
+    try:
+        run_bench(
+            plan, out, resume=args.resume, overwrite=args.overwrite, max_prompts=args.max_prompts,
+            progress=args.progress, warmup=args.warmup,
+        )
+    except KeyboardInterrupt:
+        print(f"augury: interrupted; finished runs are in {out / 'records.jsonl'} (resume with --resume)",
+              file=sys.stderr)
+        raise
+    from augury.bench.report import load_summary
+
+    summary = load_summary(out)
+    print(console_summary(summary))
+    print(f"report: {out / 'summary.md'}, {out / 'report.html'}", file=sys.stderr)
+    return 0
+
+
+def _build_local(args: argparse.Namespace, methods: list[str], ks: list[int], options):
+    """Load the target once and each drafter once; one contender per (method, K)."""
+    from augury.bench.runner import EngineContender
+    from augury.models.loader import load_model
+    from augury.proposers import build_proposer
+
+    target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline, exact=args.exact)
+    contenders = []
+    draft_model = None
+    for method in methods:
+        proposer = build_proposer(method, target, options)
+        if proposer is None:
+            contenders.append(EngineContender(target, None, "plain", 0))
+            continue
+        if method == "model":
+            draft_model = getattr(proposer, "model", None)
+        contenders.extend(EngineContender(target, proposer, method, k) for k in ks)
+    return target, contenders, draft_model
