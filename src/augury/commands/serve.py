@@ -1,0 +1,116 @@
+"""`augury serve`: an OpenAI-compatible HTTP server with continuous batching and speculative decoding."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+
+from augury.commands.common import add_draft_args, add_model_args, draft_options_from_args
+from augury.errors import AuguryError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve an OpenAI-compatible API (continuous batching, speculative decoding)",
+        description="Serve /v1/completions and /v1/chat/completions (streaming and not), /v1/models, /health, "
+        "/metrics and /openapi.json. Concurrent requests share target forwards; the draft length adapts "
+        "to the measured cost of verification, down to plain decoding when drafting does not pay.",
+    )
+    add_model_args(p)
+    add_draft_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    g.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("AUGURY_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $AUGURY_API_KEY; none if unset)",
+    )
+    g.add_argument("--served-model-name", default=None, help="model id clients use (default: the --model value)")
+    g.add_argument("--max-batch", type=int, default=16, help="sequences decoded together (default 16)")
+    g.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429 (default 64)")
+    g.add_argument(
+        "--queue-timeout", type=float, default=120.0, help="seconds a request may wait for a slot before 429 (default 120; 0 = no limit)"
+    )
+    g.add_argument(
+        "--kv-budget-tokens",
+        type=int,
+        default=None,
+        help="KV cache slots for all sequences together, split evenly between --max-batch rows "
+        "(default: max batch x min(context, 4096))",
+    )
+    g.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask (default 4096)")
+    g.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt accepted (default: what fits)")
+    g.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024, help="largest request body (default 2 MiB)")
+    g.add_argument("--fixed-k", action="store_true", help="always draft --k tokens (no cost-based adaptation)")
+    g.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    p.set_defaults(func=run_serve)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if not 0 < args.port < 65536:
+        raise AuguryError(f"--port must be between 1 and 65535, got {args.port}")
+    for name in ("max_tokens_limit", "max_body_bytes"):
+        if getattr(args, name) < 1:
+            raise AuguryError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
+        raise AuguryError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
+    if args.api_key is not None and not args.api_key.isprintable():
+        raise AuguryError("--api-key must be printable text")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    _check_args(args)
+    import uvicorn
+
+    from augury.engine import check_k
+    from augury.models.loader import load_model
+    from augury.proposers import build_proposer
+    from augury.scheduler import Scheduler, SchedulerConfig
+    from augury.server import ServerConfig, create_app
+
+    if args.draft_method != "plain":
+        check_k(args.k)
+    target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline, exact=args.exact)
+    proposer = build_proposer(args.draft_method, target, draft_options_from_args(args))
+    scheduler = Scheduler(
+        target,
+        proposer,
+        SchedulerConfig(
+            max_batch=args.max_batch,
+            max_queue=args.max_queue,
+            kv_budget_tokens=args.kv_budget_tokens,
+            k=args.k,
+            adaptive_k=not args.fixed_k,
+        ),
+    )
+    config = ServerConfig(
+        model_name=args.served_model_name or args.model,
+        api_key=args.api_key or None,
+        max_body_bytes=args.max_body_bytes,
+        max_tokens_limit=args.max_tokens_limit,
+        max_prompt_tokens=args.max_prompt_tokens,
+        queue_timeout=args.queue_timeout if args.queue_timeout > 0 else None,
+    )
+    app = create_app(target, scheduler, config)
+    if not _is_loopback(args.host) and config.api_key is None:
+        print(f"augury: warning: serving on {args.host} without --api-key; anyone who can reach it can use it",
+              file=sys.stderr)
+    drafting = "plain decoding" if proposer is None else f"{args.draft_method} drafting, K up to {args.k}"
+    print(
+        f"augury: serving {config.model_name} ({drafting}) on http://{args.host}:{args.port} "
+        f"with up to {args.max_batch} sequences of {scheduler.capacity} tokens",
+        file=sys.stderr,
+    )
+    uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)).run()
+    return 0

@@ -1,0 +1,546 @@
+"""Continuous batching for the server: one engine thread, many requests, shared target forwards.
+
+One thread owns the models. Requests wait in a bounded queue, join the running
+batch between steps and leave it the moment they finish or are cancelled.
+A step is the engine loop of `engine.Engine.stream`, done for every running
+sequence at once:
+
+    blocks = [request.propose() for request in running]     # [last committed] + draft
+    logits = target.forward(blocks padded to the longest)    # ONE forward, rows = sequences
+    for each sequence b:
+        request.finish_step(logits[b, :len(block_b)])        # verify, commit, text deltas
+        cache length of row b = request.cache_length()        # roll back rejected drafts
+
+KV memory is one preallocated pool of `max_batch` rows, each long enough for
+the longest sequence the server admits (kv_budget_tokens / max_batch slots).
+Running sequences occupy rows 0..n-1, so each step runs on a view of exactly
+those rows (no copies); when a sequence leaves, the last row's entries move
+into the hole. Padding rows past a sequence's real block write garbage after
+its committed length, which the rollback forgets. A prompt is prefilled alone,
+straight into its row, never batched with other sequences: with the decoder's
+batch-invariant padding every sequence then gets the same logits, bit for bit,
+as it would decoding alone, and greedy output equals `Engine.generate`.
+
+Speculation that never hurts. Verifying K drafted tokens is nearly free for
+one sequence, but a batch of sequences can fill the hardware, and then every
+drafted token costs real target time (plus the drafter's own time). Before
+each step the scheduler picks the draft length K that maximizes expected
+tokens per second, from measured costs:
+
+    rate(K) = sum_r E_r(k_r) / (t_target(n, 1 + max_r k_r) + d * sum_r k_r)
+    E_r(k)  = 1 + a_r + a_r^2 + ... + a_r^k     (accepted prefix + the recovered/bonus token)
+    k_r     = min(K, tokens request r may still draft)
+
+- t_target(rows, T): seconds of one verification step (the batched target
+  forward plus verifying every row) with `rows` sequences and blocks of T
+  tokens. A running average per (rows, T) once that shape has been seen;
+  before that, a least-squares line t = a + b * rows * T over recent steps
+  (the work is mostly proportional to the rows the matmuls see). With too
+  little data the line is flat, i.e. verification looks free, so the
+  scheduler drafts and learns.
+- d: drafting seconds per drafted token (drafters run per sequence), averaged.
+- a_r: request r's acceptance rate, accepted / drafted, shrunk towards the
+  server-wide rate for requests with little history. Acceptance at each
+  position is modelled as independent with probability a_r.
+
+K = 0 is plain decoding, so whenever drafting does not pay the scheduler stops
+drafting. Every `probe_every` steps it tries a K in turn (round robin), so the
+estimates of shapes it is not using stay current. Seeded sampled requests
+always draft the configured K: with a seed the output must not depend on load.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from augury.errors import AuguryError
+from augury.engine import MAX_K, GenerationResult, Request, check_k
+from augury.models.loader import Model
+from augury.proposers.base import Proposer
+from augury.sampling import SamplingParams
+
+log = logging.getLogger("augury.scheduler")
+
+DEFAULT_SEQ_TOKENS = 4096  # per-row capacity when no KV budget is given (capped by the context)
+
+
+# -- events the scheduler sends to a request's owner (from the engine thread) -------------
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The request left the queue and holds a row; text follows."""
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: GenerationResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request ended without a result. kind: invalid | internal | shutdown."""
+
+    kind: str
+    message: str
+
+
+Event = Admitted | TextDelta | Finished | Failed
+
+
+class QueueFull(Exception):
+    """Every row is busy and the waiting queue is at its bound."""
+
+
+# -- configuration and per-request state ---------------------------------------------------
+
+
+@dataclass
+class SchedulerConfig:
+    max_batch: int = 16
+    max_queue: int = 64
+    kv_budget_tokens: int | None = None  # KV slots in the pool; None: max_batch * min(context, 4096)
+    k: int = 4  # the largest draft length; the scheduler may use less
+    adaptive_k: bool = True
+    probe_every: int = 32
+
+    def seq_capacity(self, context_length: int) -> int:
+        """Tokens (prompt + output) one sequence may hold: its row of the pool."""
+        if self.kv_budget_tokens is None:
+            return min(context_length, DEFAULT_SEQ_TOKENS)
+        return min(context_length, self.kv_budget_tokens // self.max_batch)
+
+
+class Ticket:
+    """A submitted request as the scheduler tracks it; the handle `cancel` takes."""
+
+    _ids = itertools.count()
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, on_event: Callable[[Event], None]) -> None:
+        self.id = next(self._ids)
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.on_event = on_event
+        self.cancelled = False  # set by any thread; the engine thread acts on it between steps
+        self.request: Request | None = None
+        self.admitted_at: float | None = None
+
+    def emit(self, event: Event) -> None:
+        try:
+            self.on_event(event)
+        except Exception:  # a receiver that is gone must not stop the engine
+            log.exception("dropping an event for request %d", self.id)
+
+
+@dataclass
+class SchedulerStats:
+    """Counters for /metrics. Written by the engine thread only, read by anyone."""
+
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    rejected: int = 0  # queue full, or withdrawn after waiting too long
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    sequence_steps: int = 0  # one per running sequence per step
+    committed_in_steps: int = 0
+    steps: int = 0  # batched target forwards
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prefill_s: float = 0.0
+    last_k: int = 0
+    last_rows: int = 0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tau(self) -> float:
+        return self.committed_in_steps / self.sequence_steps if self.sequence_steps else 0.0
+
+
+# -- the cost model -------------------------------------------------------------------------
+
+
+class StepCosts:
+    """Running estimates of what a step costs, from measured steps (see the module doc)."""
+
+    def __init__(self, decay: float = 0.8, forget: float = 0.97) -> None:
+        self.decay = decay  # weight of the old value in the running averages
+        self.forget = forget  # per-observation discount in the least-squares line
+        self.target: dict[tuple[int, int], float] = {}
+        self._sums = [0.0] * 5  # discounted sums of w, w*n, w*n^2, w*t, w*n*t
+        self.draft_per_token: float = 0.0
+
+    def observe_target(self, rows: int, block: int, seconds: float) -> None:
+        key = (rows, block)
+        old = self.target.get(key)
+        self.target[key] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        n = rows * block
+        new = (1.0, n, n * n, seconds, n * seconds)
+        self._sums = [self.forget * s + x for s, x in zip(self._sums, new)]
+
+    def line(self) -> tuple[float, float]:
+        """(a, b) of t = a + b * rows * block; b = 0 until steps of different sizes were seen."""
+        w, sn, snn, st, snt = self._sums
+        if w == 0.0:
+            return 0.0, 0.0
+        spread = w * snn - sn * sn
+        b = (w * snt - sn * st) / spread if spread > 1e-9 * max(w * snn, 1e-30) else 0.0
+        b = max(b, 0.0)
+        a = max((st - b * sn) / w, 0.0)
+        return a, b
+
+    def target_time(self, rows: int, block: int) -> float:
+        measured = self.target.get((rows, block))
+        if measured is not None:
+            return measured
+        a, b = self.line()
+        return a + b * rows * block
+
+    def observe_draft(self, tokens: int, seconds: float) -> None:
+        per_token = seconds / tokens
+        old = self.draft_per_token
+        self.draft_per_token = per_token if old == 0.0 else self.decay * old + (1 - self.decay) * per_token
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens one verification commits with k drafted tokens accepted independently with rate alpha."""
+    return sum(alpha**i for i in range(k + 1))
+
+
+def plan_step(costs: StepCosts, alphas: list[float], caps: list[int], fixed: list[int | None], k_max: int) -> list[int]:
+    """Per-sequence draft lengths for one step: the common K that maximizes expected tokens per second.
+
+    alphas: acceptance estimate per sequence; caps: most tokens each may draft
+    now; fixed: a draft length a sequence must use (seeded sampling) or None.
+    """
+    rows = len(alphas)
+    best, best_rate = [0] * rows, -1.0
+    for k in range(k_max + 1):
+        ks = [min(f if f is not None else k, cap) for f, cap in zip(fixed, caps)]
+        tokens = sum(expected_tokens(a, kr) for a, kr in zip(alphas, ks))
+        seconds = costs.target_time(rows, 1 + max(ks)) + costs.draft_per_token * sum(ks)
+        rate = tokens / max(seconds, 1e-9)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = ks, rate
+    return best
+
+
+# -- the scheduler ----------------------------------------------------------------------------
+
+
+class Scheduler:
+    """Continuous batching over one target model and an optional proposer (see the module doc)."""
+
+    PRIOR_ALPHA = 0.7  # acceptance assumed before any request was measured
+    PRIOR_WEIGHT = 4.0  # drafted tokens' worth of trust in the server-wide rate
+
+    def __init__(self, target: Model, proposer: Proposer | None, config: SchedulerConfig) -> None:
+        if config.max_batch < 1:
+            raise AuguryError(f"max batch must be >= 1, got {config.max_batch}")
+        if config.max_queue < 0:
+            raise AuguryError(f"max queue must be >= 0, got {config.max_queue}")
+        self.target = target
+        self.proposer = proposer
+        self.config = config
+        self.k_max = check_k(config.k) if proposer is not None else 0
+        self.capacity = config.seq_capacity(target.config.context_length)
+        if self.capacity < 16:
+            raise AuguryError(
+                f"KV budget of {config.kv_budget_tokens} tokens leaves {self.capacity} per sequence for "
+                f"{config.max_batch} rows; raise --kv-budget-tokens or lower --max-batch"
+            )
+        # Each row also takes the drafted block past the sequence's last token.
+        self.pool = target.decoder.new_cache(config.max_batch, self.capacity + MAX_K + 8)
+        self.costs = StepCosts()
+        self.stats = SchedulerStats()
+        self._lock = threading.Condition()
+        self._waiting: collections.deque[Ticket] = collections.deque()
+        self._running: list[Ticket] = []  # running[i] owns pool row i
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._steps = 0
+
+    # -- public, any thread -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread."""
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="augury-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread; requests still queued or running fail with kind 'shutdown'."""
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, on_event: Callable[[Event], None]) -> Ticket:
+        """Queue a request. Raises AuguryError if it can never fit, QueueFull if the queue is full.
+
+        on_event is called from the engine thread: Admitted, then TextDelta*,
+        then Finished or Failed (or only Failed if it never got a row).
+        """
+        need = len(prompt_ids) + params.max_tokens
+        if need > self.capacity:
+            raise AuguryError(
+                f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) is {need} tokens; "
+                f"this server holds at most {self.capacity} per sequence"
+            )
+        ticket = Ticket(list(prompt_ids), params, on_event)
+        with self._lock:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
+            # Tickets that free rows will take at the next step boundary do not count as queued.
+            free_rows = self.config.max_batch - len(self._running)
+            if len(self._waiting) >= self.config.max_queue + free_rows:
+                self.stats.rejected += 1
+                raise QueueFull(f"the queue is full ({self.config.max_queue} waiting); try again later")
+            self._waiting.append(ticket)
+            self._lock.notify_all()
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Drop a request: at once if it is queued, before the next step if it is running."""
+        with self._lock:
+            ticket.cancelled = True
+            try:
+                self._waiting.remove(ticket)
+            except ValueError:
+                return
+            self.stats.cancelled += 1
+
+    def withdraw(self, ticket: Ticket) -> bool:
+        """Take a ticket back if it is still queued (the caller gave up waiting): True if it was.
+
+        False means a row already took it; Admitted is on its way. Decided
+        under the queue's lock, so a ticket is never both withdrawn and run.
+        """
+        with self._lock:
+            try:
+                self._waiting.remove(ticket)
+            except ValueError:
+                return False
+            ticket.cancelled = True
+            self.stats.rejected += 1
+            return True
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    # -- the engine thread ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._stopping and not self._waiting and not self._running:
+                        self._lock.wait()
+                    if self._stopping:
+                        break
+                    free = self.config.max_batch - len(self._running)
+                    admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+                for ticket in admitted:
+                    self._admit(ticket)
+                self._drop_cancelled()
+                if self._running:
+                    self._step()
+        finally:
+            self._shutdown()
+
+    def _admit(self, ticket: Ticket) -> None:
+        """Give a ticket the next free row and prefill its prompt there, alone."""
+        if ticket.cancelled:
+            self.stats.cancelled += 1
+            return
+        ticket.emit(Admitted())
+        t0 = time.perf_counter()
+        try:
+            request = Request(self.target, ticket.prompt_ids, ticket.params, self.proposer, self.k_max)
+        except AuguryError as exc:
+            self.stats.failed += 1
+            ticket.emit(Failed("invalid", str(exc)))
+            return
+        ticket.request = request
+        ticket.admitted_at = t0
+        row = len(self._running)
+        self._running.append(ticket)
+        try:
+            request.start()
+            view = self.pool.rows(row, row + 1)
+            view.lengths = [0]
+            decoder = self.target.decoder
+            tokens = torch.tensor([ticket.prompt_ids], device=decoder.device)
+            logits = decoder.forward(tokens, view, logits_rows=slice(-1, None))
+            deltas = request.take_first(logits[0, -1])
+        except AuguryError as exc:
+            self._release(ticket, Failed("invalid", str(exc)))
+            return
+        except Exception:
+            log.exception("prefill failed for request %d", ticket.id)
+            self._release(ticket, Failed("internal", "internal error during prefill"))
+            return
+        elapsed = time.perf_counter() - t0
+        request.stats.prefill_s += elapsed
+        self.stats.prefill_s += elapsed
+        self.stats.prompt_tokens += len(ticket.prompt_ids)
+        self._emit_deltas(ticket, deltas)
+        if request.done:
+            self._release(ticket)
+
+    def _drop_cancelled(self) -> None:
+        for ticket in [t for t in self._running if t.cancelled]:
+            self._release(ticket, cancelled=True)
+
+    def _alpha(self, request: Request) -> float:
+        prior = self.stats.alpha if self.stats.drafted >= 32 else self.PRIOR_ALPHA
+        s = request.stats
+        return (s.accepted + self.PRIOR_WEIGHT * prior) / (s.drafted + self.PRIOR_WEIGHT)
+
+    def _plan(self) -> list[int]:
+        """Draft length per running sequence for this step."""
+        requests = [t.request for t in self._running]
+        caps = [max(0, r.params.max_tokens - len(r.seq.output) - 1) for r in requests]
+        if self.k_max == 0:
+            return [0] * len(requests)
+        fixed = [self.k_max if (r.params.seed is not None and not r.params.greedy) else None for r in requests]
+        self._steps += 1
+        if not self.config.adaptive_k:
+            return [min(self.k_max, cap) for cap in caps]
+        if self.config.probe_every and self._steps % self.config.probe_every == 0:
+            k = (self._steps // self.config.probe_every) % (self.k_max + 1)
+            return [min(f if f is not None else k, cap) for f, cap in zip(fixed, caps)]
+        return plan_step(self.costs, [self._alpha(r) for r in requests], caps, fixed, self.k_max)
+
+    def _step(self) -> None:
+        """One batched draft-verify-commit step over every running sequence."""
+        ks = self._plan()
+        t0 = time.perf_counter()
+        blocks: dict[int, list[int]] = {}
+        for ticket, k in zip(list(self._running), ks):
+            ticket.request.k = k
+            try:
+                blocks[ticket.id] = ticket.request.propose()
+            except Exception:
+                log.exception("drafting failed for request %d", ticket.id)
+                self._release(ticket, Failed("internal", "internal error while drafting"))
+        if not self._running:
+            return
+        draft_s = time.perf_counter() - t0
+        drafted = sum(len(blocks[t.id]) - 1 for t in self._running)
+
+        running = list(self._running)
+        width = max(len(blocks[t.id]) for t in running)
+        # Pad every block to the longest with its own last token: the padding
+        # rows come after the real ones (causal: nobody real sees them) and are
+        # rolled back below with the rejected drafts.
+        rows = [blocks[t.id] + [blocks[t.id][-1]] * (width - len(blocks[t.id])) for t in running]
+        decoder = self.target.decoder
+        view = self.pool.rows(0, len(running))
+        view.lengths = [t.request.cache_length() for t in running]
+        t1 = time.perf_counter()
+        try:
+            logits = decoder.forward(torch.tensor(rows, device=decoder.device), view)
+        except Exception:
+            log.exception("batched target forward failed (%d rows x %d)", len(running), width)
+            for ticket in running:
+                self._release(ticket, Failed("internal", "internal error in the target forward"))
+            return
+        forward_s = time.perf_counter() - t1
+        finished = []
+        for b, ticket in enumerate(running):
+            request = ticket.request
+            n = len(blocks[ticket.id])
+            try:
+                result, deltas = request.finish_step(logits[b, :n])
+            except Exception:
+                log.exception("verification failed for request %d", ticket.id)
+                finished.append((ticket, Failed("internal", "internal error while verifying")))
+                continue
+            request.stats.verify_s += forward_s
+            self.stats.sequence_steps += 1
+            self.stats.committed_in_steps += result.num_accepted + 1
+            self.stats.drafted += result.num_drafted
+            self.stats.accepted += result.num_accepted
+            self._emit_deltas(ticket, deltas)
+            if request.done:
+                finished.append((ticket, None))
+        verify_s = time.perf_counter() - t1
+        self.costs.observe_target(len(running), width, verify_s)
+        if drafted:
+            self.costs.observe_draft(drafted, draft_s)
+        self.stats.steps += 1
+        self.stats.draft_s += draft_s
+        self.stats.verify_s += verify_s
+        self.stats.last_k = width - 1
+        self.stats.last_rows = len(running)
+        for ticket, failure in finished:
+            self._release(ticket, failure)
+
+    def _emit_deltas(self, ticket: Ticket, deltas: list[str]) -> None:
+        for text in deltas:
+            ticket.emit(TextDelta(text))
+
+    def _release(self, ticket: Ticket, failure: Failed | None = None, *, cancelled: bool = False) -> None:
+        """Take a ticket out of the batch: close it, report how it ended, free its row at once."""
+        request = ticket.request
+        row = self._running.index(ticket)
+        last = len(self._running) - 1
+        if row != last:
+            # Keep running sequences in rows 0..n-1: move the last one into the hole.
+            mover = self._running[last]
+            n = mover.request.cache_length()
+            for keys, values in zip(self.pool.keys, self.pool.values):
+                keys[row, :, :n] = keys[last, :, :n]
+                values[row, :, :n] = values[last, :, :n]
+            self._running[row] = mover
+        self._running.pop()
+        try:
+            request.close()
+        except Exception:
+            log.exception("closing request %d failed", ticket.id)
+        request.stats.total_s = time.perf_counter() - (ticket.admitted_at or time.perf_counter())
+        ticket.request = None
+        self.stats.generated_tokens += request.stats.generated_tokens
+        if cancelled:
+            self.stats.cancelled += 1
+        elif failure is not None:
+            self.stats.failed += 1
+            ticket.emit(failure)
+        else:
+            self.stats.completed += 1
+            ticket.emit(Finished(request.result()))
+
+    def _shutdown(self) -> None:
+        for ticket in list(self._running):
+            self._release(ticket, Failed("shutdown", "the server is shutting down"))
+        with self._lock:
+            waiting, self._waiting = list(self._waiting), collections.deque()
+        for ticket in waiting:
+            ticket.emit(Failed("shutdown", "the server is shutting down"))

@@ -1,0 +1,43 @@
+"""/metrics in the Prometheus text format, from the scheduler's counters."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from augury.scheduler import Scheduler
+
+
+def render(scheduler: Scheduler, responses: Counter) -> str:
+    """Counters, gauges and speculation quality (tau, alpha) as Prometheus exposition text."""
+    s = scheduler.stats
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP augury_{name} {help_text}")
+        lines.append(f"# TYPE augury_{name} {kind}")
+        for labels, value in samples:
+            lines.append(f"augury_{name}{labels} {value!r}")
+
+    metric("requests_total", "counter", "Generation requests by outcome.", [
+        ('{outcome="completed"}', s.completed),
+        ('{outcome="cancelled"}', s.cancelled),
+        ('{outcome="failed"}', s.failed),
+        ('{outcome="rejected"}', s.rejected),
+    ])
+    metric("http_responses_total", "counter", "HTTP responses by status code.",
+           [(f'{{code="{code}"}}', count) for code, count in sorted(responses.items())])
+    metric("prompt_tokens_total", "counter", "Prompt tokens prefilled.", [("", s.prompt_tokens)])
+    metric("generated_tokens_total", "counter", "Tokens generated.", [("", s.generated_tokens)])
+    metric("drafted_tokens_total", "counter", "Tokens proposed by the drafter.", [("", s.drafted)])
+    metric("accepted_tokens_total", "counter", "Drafted tokens the target accepted.", [("", s.accepted)])
+    metric("steps_total", "counter", "Batched verification forwards of the target.", [("", s.steps)])
+    metric("queue_length", "gauge", "Requests waiting for a slot.", [("", scheduler.queue_length)])
+    metric("running", "gauge", "Requests holding a slot.", [("", scheduler.running)])
+    metric("tau", "gauge", "Mean tokens committed per sequence per verification step.", [("", float(s.tau))])
+    metric("alpha", "gauge", "Fraction of drafted tokens accepted.", [("", float(s.alpha))])
+    metric("draft_length", "gauge", "Draft length K of the last step.", [("", s.last_k)])
+    metric("drafting_seconds_total", "counter", "Seconds spent drafting.", [("", float(s.draft_s))])
+    metric("verification_seconds_total", "counter", "Seconds in batched target forwards and verification.",
+           [("", float(s.verify_s))])
+    metric("prefill_seconds_total", "counter", "Seconds spent prefilling prompts.", [("", float(s.prefill_s))])
+    return "\n".join(lines) + "\n"
