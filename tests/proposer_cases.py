@@ -39,8 +39,18 @@ def _registered(method: str, **options) -> Callable[[Model, int], Proposer]:
     return build
 
 
+def _hybrid(target: Model, seed: int) -> Proposer:
+    from augury.proposers.hybrid import HybridProposer
+    from augury.proposers.suffix import SuffixProposer
+
+    return HybridProposer(SuffixProposer(ngram_min=2), _draft_model(target, seed), min_match_tokens=2)
+
+
 PROPOSER_CASES: list[ProposerCase] = [
     ProposerCase("model", _draft_model),
+    ProposerCase("ngram", _registered("ngram", ngram_min=1, ngram_max=3)),
+    ProposerCase("suffix", _registered("suffix", ngram_min=1)),
+    ProposerCase("hybrid", _hybrid),
 ]
 
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections import Counter
 
 import pytest
@@ -135,7 +136,7 @@ def test_exact_check_detects_a_wrong_verifier(monkeypatch):
 
 # -- statistical: the engine with each proposer ---------------------------------------
 
-SAMPLES = 100_000
+SAMPLES = int(os.environ.get("AUGURY_CHI_SAMPLES", 100_000))  # at least 100k for the record
 CONTINUATION = 3
 P_THRESHOLD = 1e-3
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]

@@ -102,11 +102,9 @@ class Request:
     # -- the step, split for batching --------------------------------------------------
 
     def start(self) -> None:
-        """Start the proposer (its prefill) for this sequence."""
+        """Start the proposer (its prefill) for this sequence; the caller times prefill as a whole."""
         if self.proposer is not None:
-            t0 = time.perf_counter()
             self.proposer.start(self.seq)
-            self.stats.prefill_s += time.perf_counter() - t0
 
     def prefill_tokens(self) -> list[int]:
         return self.seq.tokens
@@ -215,7 +213,7 @@ class Engine:
             request.start()
             logits = decoder.forward(torch.tensor([prompt_ids], device=device), cache, logits_rows=slice(-1, None))
             deltas = request.take_first(logits[0, -1])
-            request.stats.prefill_s += time.perf_counter() - t_start
+            request.stats.prefill_s = time.perf_counter() - t_start
             yield from self._chunks(request, deltas)
             while not request.done:
                 block = request.propose()
