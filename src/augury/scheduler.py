@@ -407,7 +407,7 @@ class Scheduler:
             self._release(ticket, Failed("internal", "internal error during prefill"))
             return
         elapsed = time.perf_counter() - t0
-        request.stats.prefill_s += elapsed
+        request.stats.prefill_s = elapsed
         self.stats.prefill_s += elapsed
         self.stats.prompt_tokens += len(ticket.prompt_ids)
         self._emit_deltas(ticket, deltas)

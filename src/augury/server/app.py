@@ -166,13 +166,20 @@ async def read_json(request: Request, limit: int) -> Any:
         raise ValueError(f"{name} is not valid JSON")
 
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=no_constants)
+        body = json.loads(raw.decode("utf-8"), parse_constant=no_constants)
     except UnicodeDecodeError:
         raise ApiError(400, "the request body is not UTF-8") from None
     except RecursionError:
         raise ApiError(400, "the request body is nested too deeply") from None
     except ValueError as exc:
         raise ApiError(400, f"malformed JSON in the request body: {exc}") from None
+    try:
+        # JSON may spell an unpaired UTF-16 surrogate ("\ud800"), which is no
+        # text at all: tokenizers reject it, so refuse it here, for every field.
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "the request body contains an unpaired UTF-16 surrogate (\\ud800-\\udfff)") from None
+    return body
 
 
 def _sampling_params(body: dict, max_tokens: int) -> SamplingParams:

@@ -31,6 +31,8 @@ def render(scheduler: Scheduler, responses: Counter) -> str:
     metric("drafted_tokens_total", "counter", "Tokens proposed by the drafter.", [("", s.drafted)])
     metric("accepted_tokens_total", "counter", "Drafted tokens the target accepted.", [("", s.accepted)])
     metric("steps_total", "counter", "Batched verification forwards of the target.", [("", s.steps)])
+    metric("sequence_steps_total", "counter", "Sequences advanced by those forwards (divided by steps_total: the "
+           "mean batch).", [("", s.sequence_steps)])
     metric("queue_length", "gauge", "Requests waiting for a slot.", [("", scheduler.queue_length)])
     metric("running", "gauge", "Requests holding a slot.", [("", scheduler.running)])
     metric("tau", "gauge", "Mean tokens committed per sequence per verification step.", [("", float(s.tau))])
