@@ -31,7 +31,13 @@ def add_draft_args(parser: argparse.ArgumentParser, *, default_method: str = "mo
         default=default_method,
         help=f"plain (no speculation) or one of: {', '.join(sorted(METHODS))} (default {default_method})",
     )
-    g.add_argument("--draft", default=None, help=f"draft model name or path (method model; default {DEFAULT_DRAFT})")
+    from augury.proposers.cross_tokenizer import DEFAULT_CROSS_DRAFT
+
+    g.add_argument(
+        "--draft",
+        default=None,
+        help=f"draft model name or path (model, hybrid: default {DEFAULT_DRAFT}; cross: default {DEFAULT_CROSS_DRAFT})",
+    )
     g.add_argument("--k", type=int, default=4, help="draft length K: tokens proposed per step (default 4)")
     g.add_argument("--ngram-min", type=int, default=1, help="ngram/suffix: shortest match to use (default 1)")
     g.add_argument("--ngram-max", type=int, default=4, help="ngram: longest suffix to look up (default 4)")
@@ -77,7 +83,7 @@ def draft_options_from_args(args: argparse.Namespace):
     from augury.proposers import DraftOptions
 
     draft = args.draft
-    if draft is None and args.draft_method in ("model", "hybrid", "cross"):
+    if draft is None and args.draft_method in ("model", "hybrid"):  # cross picks its own default
         draft = DEFAULT_DRAFT
     return DraftOptions(
         draft=draft,

@@ -1,0 +1,361 @@
+"""Model-based drafters beyond the same-tokenizer draft model: cross-tokenizer, layer-skip, quantized.
+
+Greedy equivalence on tiny fp32 models for every method and K, the text <->
+token conversion of cross-tokenizer drafting on boundary cases, gemma's
+sliding-window pattern under layer skipping, the calibration file and bad
+--skip-layers input; one real-model test of cross drafting.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from augury.engine import Engine
+from augury.errors import AuguryError
+from augury.models.decoder import Decoder, ModelConfig, Weights
+from augury.models.loader import Model
+from augury.proposers import DraftOptions, build_proposer
+from augury.proposers.cross_tokenizer import (
+    CrossTokenizerProposer,
+    TextTracker,
+    decode_after,
+    draft_text_to_target,
+    word_start_before,
+)
+from augury.proposers.layer_skip import (
+    calibration_path,
+    parse_skip_layers,
+    read_calibration,
+    skip_layers,
+    write_calibration,
+)
+from augury.proposers.quantized import Int8Weight, quantize_decoder
+from augury.sampling import SamplingParams
+from tests.tiny import random_decoder, tiny_model
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 8, 9, 10, 11, 7, 7, 8], [0, 5, 10, 15, 20, 5, 10]]
+
+
+class PieceTokenizer:
+    """A fake tokenizer over a list of string pieces: greedy longest-match encoding, decode by joining.
+
+    Two of these with different piece lists give different ids for the same
+    text, which is what cross-tokenizer drafting has to bridge.
+    strip_leading_space imitates sentencepiece, whose decode drops the space
+    that starts the first token.
+    """
+
+    def __init__(self, pieces: list[str], eos: str | None = None, strip_leading_space: bool = False) -> None:
+        self.pieces = pieces
+        self.vocab = {p: i for i, p in enumerate(pieces)}
+        self.vocab_size = len(pieces)
+        self.eos_ids = frozenset({self.vocab[eos]}) if eos else frozenset()
+        self.bos_id = None
+        self.strip_leading_space = strip_leading_space
+        self.longest = max(len(p) for p in pieces)
+
+    def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
+        ids, i = [], 0
+        while i < len(text):
+            for n in range(min(self.longest, len(text) - i), 0, -1):
+                if text[i : i + n] in self.vocab:
+                    ids.append(self.vocab[text[i : i + n]])
+                    i += n
+                    break
+            else:
+                raise KeyError(text[i])
+        return ids
+
+    def decode(self, ids: list[int], *, skip_special: bool = True) -> str:
+        text = "".join(self.pieces[i] for i in ids if not (skip_special and i in self.eos_ids))
+        return text[1:] if self.strip_leading_space and text.startswith(" ") else text
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: a character may take several tokens, as in byte-level BPE."""
+
+    eos_ids = frozenset()
+
+    def decode(self, ids: list[int], *, skip_special: bool = True) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+ALPHABET = "abcdefgh ."  # 10 characters; every piece list below covers each of them
+TARGET_PIECES = list(ALPHABET) + ["ab", "ba", " a", "cd", "<e>"]  # 15 pieces
+DRAFT_PIECES = list(reversed(ALPHABET)) + ["ha", "ge", " b", "fed", "dc", "<e>"]  # another order, other merges
+
+
+def pieces_model(pieces: list[str], seed: int, eos: str | None = None, layers: int = 2) -> Model:
+    decoder = random_decoder(vocab=len(pieces), seed=seed, layers=layers, hidden=32)
+    return Model(name=f"pieces-{seed}", decoder=decoder, tokenizer=PieceTokenizer(pieces, eos), source=Path("."))
+
+
+# -- cross-tokenizer: text <-> tokens ------------------------------------------------------
+
+
+def test_decode_after_keeps_the_leading_space_a_sentencepiece_decode_drops():
+    tok = PieceTokenizer(["a", "b", " a", " b"], strip_leading_space=True)
+    ids = tok.encode("a b a")  # a, " b", " a"
+    assert tok.decode(ids[1:]) == "b a"  # the space before b is lost on its own
+    assert decode_after(tok, ids, 1) == " b a"
+
+
+def test_text_tracker_holds_back_a_split_character():
+    tracker = TextTracker(ByteTokenizer())
+    ids = list("aé".encode())  # a, then é as two bytes
+    assert tracker.update(ids[:1]) is True
+    assert tracker.update(ids[:2]) is False  # ends inside é
+    assert tracker.text == "a"
+    assert tracker.update(ids) is True
+    assert tracker.text == "aé"
+
+
+def test_draft_text_aligned_with_the_committed_tokens():
+    tok = PieceTokenizer(TARGET_PIECES)
+    committed = tok.encode("ab ab")  # ab, " a", b
+    # "cd" then "e": the last token may be cut mid-word, so it is dropped
+    assert draft_text_to_target(tok, committed, "cde", complete=False) == tok.encode("cd")
+    assert draft_text_to_target(tok, committed, "cde", complete=True) == tok.encode("cde")
+
+
+def test_draft_text_that_merges_with_the_last_committed_token_is_encoded_alone():
+    tok = PieceTokenizer(TARGET_PIECES)
+    committed = [tok.vocab["a"]]  # "a" committed as its own token
+    # "a" + "bcd" would re-encode as "ab", "cd": that changes a committed token,
+    # so the draft is split on its own: "b", "cd"
+    assert draft_text_to_target(tok, committed, "bcd", complete=True) == [tok.vocab["b"], tok.vocab["cd"]]
+
+
+def test_draft_text_re_split_across_the_boundary_follows_the_target_tokenizer():
+    tok = PieceTokenizer(TARGET_PIECES)
+    committed = tok.encode("cd")
+    # the drafter's own pieces for " ab" would be " ", "a", "b"; the target reads " a", "b", then "."
+    assert draft_text_to_target(tok, committed, " ab.", complete=True) == [tok.vocab[" a"], tok.vocab["b"],
+                                                                         tok.vocab["."]]
+    assert draft_text_to_target(tok, committed, "", complete=False) == []
+
+
+def test_word_start_before_cuts_before_a_whitespace_run():
+    text = "ab  cd ef"
+    assert word_start_before(text, 0, 8) == 6  # the space before "ef"
+    assert word_start_before(text, 0, 5) == 2  # the run "  " starts at 2, not 3
+    assert word_start_before("abcdef", 0, 4) == 4  # no whitespace: cut at hi
+
+
+def test_drafter_end_of_turn_bridges_to_the_targets_end_token():
+    target = pieces_model(TARGET_PIECES, seed=1, eos="<e>")
+    draft = pieces_model(DRAFT_PIECES, seed=2, eos="<e>")
+    proposer = CrossTokenizerProposer(draft, target)
+    assert proposer.eos_text == {draft.tokenizer.vocab["<e>"]: "<e>"}
+
+
+# -- cross-tokenizer: whole runs -------------------------------------------------------------
+
+
+def _text_prompts(tok) -> list[list[int]]:
+    return [tok.encode(t) for t in ("ab cd. ", "hgf ab ba ", "abcdefgh")]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_cross_greedy_equals_plain(k):
+    target = pieces_model(TARGET_PIECES, seed=3)
+    draft = pieces_model(DRAFT_PIECES, seed=4)
+    params = SamplingParams(max_tokens=30)
+    proposer = CrossTokenizerProposer(draft, target)
+    for prompt in _text_prompts(target.tokenizer):
+        plain = Engine(target).generate(prompt, params)
+        spec = Engine(target, proposer, k=k).generate(prompt, params)
+        assert spec.token_ids == plain.token_ids, f"K={k}: cross-tokenizer greedy output differs from plain"
+        assert spec.stats.drafted > 0
+    assert proposer.states == {}, "finished sequences must free their drafter state"
+
+
+def _relabelled(model: Model, pieces: list[str]) -> Model:
+    """The same network behind another tokenizer: embedding and lm_head rows permuted to the new ids."""
+    old = model.tokenizer.vocab
+    order = torch.tensor([old[p] for p in pieces])  # new id -> old id
+    w = model.decoder.weights
+    weights = Weights(embed=w.embed[order], final_norm=w.final_norm, lm_head=w.lm_head[order], layers=w.layers)
+    return Model(name="relabelled", decoder=Decoder(model.config, weights), tokenizer=PieceTokenizer(pieces),
+                 source=Path("."))
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_cross_with_the_target_behind_another_tokenizer_accepts_its_drafts(k):
+    """Same network, ids permuted: every converted draft token must be the target's own choice."""
+    target = pieces_model(list(ALPHABET), seed=5)
+    draft = _relabelled(target, list(reversed(ALPHABET)))
+    params = SamplingParams(max_tokens=31)
+    result = Engine(target, CrossTokenizerProposer(draft, target), k=k).generate(target.tokenizer.encode("ab c"),
+                                                                                  params)
+    plain = Engine(target).generate(target.tokenizer.encode("ab c"), params)
+    assert result.token_ids == plain.token_ids
+    assert result.stats.alpha == 1.0, f"a relabelled copy of the target had drafts rejected: {result.stats}"
+    assert result.stats.tau == k + 1
+
+
+# -- layer skip ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deep_target() -> Model:
+    return tiny_model(vocab=24, seed=3, hidden=32, layers=4)
+
+
+@pytest.mark.parametrize("method,options", [("layerskip", {"skip_layers": "1,2"}), ("quantized", {})])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_self_drafters_greedy_equal_plain(method, options, k, deep_target):
+    params = SamplingParams(max_tokens=30)
+    proposer = build_proposer(method, deep_target, DraftOptions(**options))
+    for prompt in PROMPTS:
+        plain = Engine(deep_target).generate(prompt, params)
+        spec = Engine(deep_target, proposer, k=k).generate(prompt, params)
+        assert spec.token_ids == plain.token_ids, f"{method} K={k}: speculative greedy output differs from plain"
+        assert spec.stats.accepted > 0, f"{method} drafts from the target's own weights were never accepted"
+
+
+def test_layer_skip_shares_the_targets_tensors(deep_target):
+    skipped = skip_layers(deep_target.decoder, [1, 2])
+    assert skipped.config.num_layers == 2
+    assert skipped.weights.layers[0] is deep_target.decoder.weights.layers[0]
+    assert skipped.weights.layers[1] is deep_target.decoder.weights.layers[3]
+    assert skipped.weights.lm_head is deep_target.decoder.weights.lm_head
+
+
+def test_layer_skip_keeps_gemmas_sliding_pattern():
+    decoder = random_decoder(vocab=16, layers=6, arch="gemma3")
+    config = ModelConfig(**{**decoder.config.to_dict(), "sliding_window": 4, "sliding_pattern": 3})
+    decoder = Decoder(config, decoder.weights)
+    original = [config.is_sliding(i) for i in range(6)]  # layers 2 and 5 are global
+    assert original == [True, True, False, True, True, False]
+    skipped = skip_layers(decoder, [1, 3])  # keeps 0, 2, 4, 5
+    assert [skipped.config.is_sliding(i) for i in range(4)] == [True, False, True, False]
+    again = skip_layers(skipped, [0])  # keeps original 2, 4, 5
+    assert [again.config.is_sliding(i) for i in range(3)] == [False, True, False]
+
+
+def test_layer_skip_without_skipping_equals_the_target_exactly(deep_target):
+    """A skipped view with every layer kept must reproduce the target's logits (fp32)."""
+    skipped = skip_layers(deep_target.decoder, [])
+    tokens = torch.tensor([PROMPTS[0]])
+    ref = deep_target.decoder.forward(tokens, deep_target.decoder.new_cache(1, 32))
+    ours = skipped.forward(tokens, skipped.new_cache(1, 32))
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_calibration_file_round_trip(tmp_path, monkeypatch):
+    path = tmp_path / "cal.json"
+    write_calibration(path, "tiny", 8, [5, 3, 3], k=4, tau=2.5)
+    assert json.loads(path.read_text())["tau"] == 2.5
+    assert read_calibration(path, 8) == [3, 5]
+    assert parse_skip_layers(str(path), 8, "tiny") == [3, 5]
+    # without --skip-layers, the model's saved calibration is used
+    monkeypatch.setenv("AUGURY_HOME", str(tmp_path))
+    assert parse_skip_layers(None, 8, "tiny") == [3, 5]  # no calibration yet: the default
+    write_calibration(calibration_path("tiny"), "tiny", 8, [2, 6])
+    assert calibration_path("tiny") == tmp_path / "calibration" / "tiny-layerskip.json"
+    assert parse_skip_layers(None, 8, "tiny") == [2, 6]
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [("a,b", "neither a comma list"), ("3,9", "out of range"), ("", "neither"), ("0,1,2,3,4,5,6,7", "all 8")],
+)
+def test_bad_skip_layers_are_refused(spec, message):
+    with pytest.raises(AuguryError, match=message):
+        parse_skip_layers(spec, 8, "tiny")
+
+
+def test_calibration_file_for_another_model_is_refused(tmp_path):
+    path = tmp_path / "cal.json"
+    write_calibration(path, "other", 12, [3])
+    with pytest.raises(AuguryError, match="12 layers"):
+        read_calibration(path, 8)
+    path.write_text("{not json")
+    with pytest.raises(AuguryError, match="cannot read"):
+        read_calibration(path, 8)
+
+
+# -- quantized -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_int8_weight_matmul_matches_its_dequantized_weight(fused):
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 32, generator=gen)
+    packed = Int8Weight(weight, fused=fused)
+    assert packed.values.dtype == torch.int8
+    assert (packed.dequantize() - weight).abs().max() <= weight.abs().amax(1).max() / 127 / 2 + 1e-6
+    x = torch.randn(3, 5, 32, generator=gen)
+    bias = torch.randn(48, generator=gen)
+    torch.testing.assert_close(packed.linear(x, bias), x @ packed.dequantize().T + bias, rtol=1e-4, atol=1e-4)
+
+
+def test_quantized_drafter_is_close_to_the_target(deep_target):
+    quantized = quantize_decoder(deep_target.decoder)
+    tokens = torch.tensor([PROMPTS[1]])
+    ref = deep_target.decoder.forward(tokens, deep_target.decoder.new_cache(1, 32))
+    ours = quantized.forward(tokens, quantized.new_cache(1, 32))
+    assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
+    assert not torch.equal(ours, ref), "the drafter should really compute with int8 weights"
+
+
+def test_unknown_quant_format_is_refused(deep_target):
+    with pytest.raises(AuguryError, match="unknown --quant 'int3'"):
+        build_proposer("quantized", deep_target, DraftOptions(quant="int3"))
+
+
+# -- real models -------------------------------------------------------------------------------------
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_real_cross_drafting_equals_plain_greedy():
+    from augury.commands.generate import build_prompt_ids
+    from augury.models.loader import load_model
+
+    target = load_model("qwen2.5-coder-1.5b-instruct", dtype="fp32")
+    draft = load_model("smollm2-135m-instruct", dtype="fp32", exact=False)
+    proposer = CrossTokenizerProposer(draft, target)
+    params = SamplingParams(max_tokens=24)
+    for text in ("Write a Python function that adds two numbers.", "What is the capital of France?"):
+        ids = build_prompt_ids(target.tokenizer, text, chat=True)
+        plain = Engine(target).generate(ids, params)
+        spec = Engine(target, proposer, k=4).generate(ids, params)
+        assert spec.token_ids == plain.token_ids, f"cross drafting changed the output for {text!r}"
+        assert spec.stats.accepted > 0, f"smollm2's drafts were never accepted for {text!r}"
+
+
+# -- calibration ---------------------------------------------------------------------------------------
+
+
+def test_replay_counts_steps_like_greedy_speculative_decoding():
+    from augury.commands.calibrate import replay
+
+    # token 0 from prefill; step 1 accepts 2 (tokens 1, 2) + the target's token 3;
+    # step 2 rejects at once (token 4); step 3 accepts token 5 and ends with the last one
+    assert replay([True, True, True, False, False, True, True], k=2) == (3, 5, 3)
+    assert replay([True] * 11, k=4) == (2, 8, 8)  # 1 + 5 + 5 tokens, 4 then 4 drafted
+
+
+def test_calibration_search_on_a_tiny_model(deep_target):
+    from augury.commands.calibrate import calibrate, replay, teacher_forced_matches
+
+    logs: list[str] = []
+    result = calibrate(deep_target, PROMPTS[:2], max_tokens=12, k=2, candidates=1, pool="all", log=logs.append)
+    assert set(result["skip_layers"]) <= {1, 2}, "the first and last layers must be kept"
+    assert result["trials"] and any(line.startswith("round 1") for line in logs)
+    if result["skip_layers"]:
+        assert result["measured"]["identical_to_plain"] is True
+    # the replayed acceptance equals what decoding with that skip set really accepts
+    skip = [1]
+    output = Engine(deep_target).generate(PROMPTS[0], SamplingParams(max_tokens=12)).token_ids
+    steps, drafted, accepted = replay(teacher_forced_matches(skip_layers(deep_target.decoder, skip), PROMPTS[0],
+                                                             output), k=2)
+    proposer = build_proposer("layerskip", deep_target, DraftOptions(skip_layers="1"))
+    stats = Engine(deep_target, proposer, k=2).generate(PROMPTS[0], SamplingParams(max_tokens=12)).stats
+    assert (stats.steps, stats.drafted, stats.accepted) == (steps, drafted, accepted)
