@@ -25,13 +25,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from augury.engine import Engine
 from augury.errors import AuguryError
 from augury.proposers.draft_model import DraftModelProposer
 from augury.sampling import SamplingParams
-from augury.scheduler import Scheduler, SchedulerConfig, StepCosts, expected_tokens, plan_step
+from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig, StepCosts, expected_tokens, plan_step
 from augury.server import ServerConfig, create_app
 from tests.tiny import CharTokenizer, tiny_model
 
@@ -72,22 +71,23 @@ def reference(prompt_ids: list[int], max_tokens: int, k: int = 4) -> str:
 
 
 class SlowDecoder:
-    """Wraps a decoder: every forward waits for `gate` and then sleeps `delay` seconds.
+    """Wraps a decoder: every forward waits for `gate`, then sleeps `delay` seconds (or delay(tokens)).
 
-    Lets tests hold a request in its slot for as long as they need.
+    Lets tests hold a request in its slot, or give verification a chosen cost.
     """
 
-    def __init__(self, inner, delay: float = 0.0) -> None:
+    def __init__(self, inner, delay=0.0) -> None:
         self.inner = inner
         self.delay = delay
         self.gate = threading.Event()
         self.gate.set()
 
-    def forward(self, *args, **kwargs):
+    def forward(self, tokens, *args, **kwargs):
         self.gate.wait(30)
-        if self.delay:
-            time.sleep(self.delay)
-        return self.inner.forward(*args, **kwargs)
+        seconds = self.delay(tokens) if callable(self.delay) else self.delay
+        if seconds:
+            time.sleep(seconds)
+        return self.inner.forward(tokens, *args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -209,6 +209,52 @@ def test_unmeasured_shapes_come_from_the_fitted_line():
     assert costs.target_time(4, 5) == pytest.approx(0.015)  # one size seen: flat (optimistic)
     costs.observe_target(2, 5, 0.020)
     assert costs.target_time(4, 5) == pytest.approx(0.030, rel=1e-6)  # 0.010 + 0.001 * rows * block
+
+
+def _run_scheduler(verify_cost) -> tuple[Scheduler, list[str], list[str]]:
+    """4 greedy requests over the tiny target drafting for itself (acceptance 1) with a given verification cost."""
+    target, _ = tiny_pair()
+    draft = tiny_model(vocab=VOCAB, seed=0, layers=2)  # the target itself: every drafted token is accepted
+    target.decoder = SlowDecoder(target.decoder, lambda tokens: verify_cost(*tokens.shape) if tokens.shape[1] <= 8
+                                 else 0.0)
+    scheduler = Scheduler(target, DraftModelProposer(draft, VOCAB), SchedulerConfig(max_batch=4, k=4))
+    prompts = ["one", "two words", "three of them", "four"]
+    texts, done = {}, threading.Semaphore(0)
+
+    def on_event(i):
+        def handle(event):
+            if isinstance(event, (Finished, Failed)):
+                texts[i] = event.result.text if isinstance(event, Finished) else event
+                done.release()
+        return handle
+
+    for i, prompt in enumerate(prompts):  # all queued before the engine starts: one batch of 4 from step 1
+        scheduler.submit(encode(prompt), SamplingParams(max_tokens=40), on_event(i))
+    scheduler.start()
+    try:
+        for _ in prompts:
+            assert done.acquire(timeout=60)
+    finally:
+        scheduler.stop()
+    return scheduler, [texts[i] for i in range(len(prompts))], [reference(encode(p), 40) for p in prompts]
+
+
+def test_scheduler_drafts_when_verification_is_cheap():
+    scheduler, got, want = _run_scheduler(lambda rows, block: 0.010)  # a forward costs the same at any size
+    assert got == want
+    s = scheduler.stats
+    assert s.drafted >= 0.6 * s.generated_tokens, f"drafted only {s.drafted} for {s.generated_tokens} tokens"
+    assert s.accepted == s.drafted
+
+
+def test_scheduler_stops_drafting_when_verification_is_expensive():
+    """Verification cost grows with the square of the block: plain decoding is the fastest, so K -> 0."""
+    scheduler, got, want = _run_scheduler(lambda rows, block: 0.001 * rows * block**2)
+    assert got == want
+    s = scheduler.stats
+    # Warm-up tries K = 4, 3, 2, 1 once (10 drafted tokens per row); after that only plain steps.
+    assert s.drafted <= 4 * 10 + 4 * 4, f"kept drafting ({s.drafted} drafted for {s.generated_tokens} tokens)"
+    assert scheduler.costs.target_time(4, 1) < scheduler.costs.target_time(4, 2)
 
 
 # -- generation through the API -----------------------------------------------------------------------

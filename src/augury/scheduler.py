@@ -44,8 +44,10 @@ tokens per second, from measured costs:
   position is modelled as independent with probability a_r.
 
 K = 0 is plain decoding, so whenever drafting does not pay the scheduler stops
-drafting. Every `probe_every` steps it tries a K in turn (round robin), so the
-estimates of shapes it is not using stay current. Seeded sampled requests
+drafting. Its first k_max + 1 steps try every K once (K_max down to 0), so the
+line is fitted from real spread from the start; afterwards every `probe_every`
+steps it tries a K in turn (round robin), so the estimates of shapes it is not
+using stay current. Seeded sampled requests
 always draft the configured K: with a seed the output must not depend on load.
 """
 
@@ -57,12 +59,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from augury.errors import AuguryError
-from augury.engine import MAX_K, GenerationResult, Request, check_k
+from augury.engine import GenerationResult, Request, check_k
 from augury.models.loader import Model
 from augury.proposers.base import Proposer
 from augury.sampling import SamplingParams
@@ -267,8 +269,9 @@ class Scheduler:
                 f"KV budget of {config.kv_budget_tokens} tokens leaves {self.capacity} per sequence for "
                 f"{config.max_batch} rows; raise --kv-budget-tokens or lower --max-batch"
             )
-        # Each row also takes the drafted block past the sequence's last token.
-        self.pool = target.decoder.new_cache(config.max_batch, self.capacity + MAX_K + 8)
+        # A row also takes the block verified after the sequence's last token
+        # (new_cache adds room for the decoder's row padding).
+        self.pool = target.decoder.new_cache(config.max_batch, self.capacity + self.k_max + 1)
         self.costs = StepCosts()
         self.stats = SchedulerStats()
         self._lock = threading.Condition()
@@ -433,9 +436,13 @@ class Scheduler:
         self._steps += 1
         if not self.config.adaptive_k:
             return [min(self.k_max, cap) for cap in caps]
-        if self.config.probe_every and self._steps % self.config.probe_every == 0:
-            k = (self._steps // self.config.probe_every) % (self.k_max + 1)
-            return [min(f if f is not None else k, cap) for f, cap in zip(fixed, caps)]
+        probe = None
+        if self._steps <= self.k_max + 1:
+            probe = self.k_max + 1 - self._steps  # warm-up: every K once
+        elif self.config.probe_every and self._steps % self.config.probe_every == 0:
+            probe = (self._steps // self.config.probe_every) % (self.k_max + 1)
+        if probe is not None:
+            return [min(f if f is not None else probe, cap) for f, cap in zip(fixed, caps)]
         return plan_step(self.costs, [self._alpha(r) for r in requests], caps, fixed, self.k_max)
 
     def _step(self) -> None:
