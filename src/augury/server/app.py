@@ -214,8 +214,7 @@ def _sampling_params(body: dict, max_tokens: int) -> SamplingParams:
 
 
 def _prompt_ids(state: ServerState, body: dict, chat: bool) -> list[int]:
-    from augury.commands.generate import build_prompt_ids
-
+    """Token ids of the prompt: chat messages through the model's own template, text as is, or given ids."""
     tokenizer = state.target.tokenizer
     if chat:
         messages = [
@@ -231,8 +230,7 @@ def _prompt_ids(state: ServerState, body: dict, chat: bool) -> list[int]:
     prompt = body["prompt"]
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         return list(prompt)
-    text = prompt[0] if isinstance(prompt, list) else prompt
-    return build_prompt_ids(tokenizer, text, chat=False)
+    return tokenizer.encode(prompt[0] if isinstance(prompt, list) else prompt)
 
 
 def parse_job(state: ServerState, body: Any, chat: bool) -> Job:
