@@ -247,6 +247,7 @@ def test_peer_ratios_use_counterpart_and_fastest():
     [peer] = summarize(records, info).peers
     assert (peer.peer, peer.counterpart, peer.best) == ("hf", "plain", "ngram")
     assert peer.counterpart_ratio == pytest.approx(5.0 / 2.5)
+    assert peer.counterpart_ratio_e2e == pytest.approx((10 / 2.1) / (10 / 4.1))
     assert peer.best_ratio == pytest.approx(10.0 / 2.5)
 
 

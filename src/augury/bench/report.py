@@ -103,10 +103,10 @@ def tables(s: Summary) -> list[Table]:
 
     if s.peers:
         rows = [[p.peer, _f(p.peer_tokens_per_s), p.counterpart or "—", _f(p.counterpart_ratio, ".2f", "x"),
-                 p.best, _f(p.best_ratio, ".2f", "x")] for p in s.peers]
+                 _f(p.counterpart_ratio_e2e, ".2f", "x"), p.best, _f(p.best_ratio, ".2f", "x")] for p in s.peers]
         out.append(Table(
             "augury against peers (augury tok/s ÷ peer tok/s on the prompts both ran)",
-            ["peer", "peer tok/s", "augury counterpart", "ratio", "augury fastest", "ratio"],
+            ["peer", "peer tok/s", "augury counterpart", "ratio", "e2e ratio", "augury fastest", "ratio"],
             rows,
         ))
 
@@ -181,6 +181,7 @@ def plot_acceptance(s: Summary):
     for key in keys:
         by_pos = s.cell(OVERALL, key).acceptance_by_position
         ax.plot(range(1, len(by_pos) + 1), by_pos, marker="o", label=s.labels[key])
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1.05)

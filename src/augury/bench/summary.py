@@ -135,6 +135,7 @@ class PeerComparison:
     peer_tokens_per_s: float  # over all the peer's prompts
     counterpart: str | None  # the augury method doing the same thing (plain for hf, model for hf-assisted, ...)
     counterpart_ratio: float | None
+    counterpart_ratio_e2e: float | None  # the same with whole wall time (prefill included)
     best: str  # augury's fastest method against this peer
     best_ratio: float | None
 
@@ -175,9 +176,9 @@ def first_difference(ours: list[int], plain: list[int]) -> int | None:
     return None if len(ours) == len(plain) else min(len(ours), len(plain))
 
 
-def _rate(by_prompt: dict[str, dict], prompts: set[str]) -> float:
+def _rate(by_prompt: dict[str, dict], prompts: set[str], e2e: bool = False) -> float:
     agg = aggregate([by_prompt[p] for p in prompts])
-    return agg.tokens_per_s
+    return agg.tokens_per_s_e2e if e2e else agg.tokens_per_s
 
 
 def summarize(records: list[dict], info: dict) -> Summary:
@@ -275,13 +276,13 @@ def summarize(records: list[dict], info: dict) -> Summary:
     )
 
 
-def _ratio(ours: dict[str, dict], theirs: dict[str, dict]) -> float | None:
+def _ratio(ours: dict[str, dict], theirs: dict[str, dict], e2e: bool = False) -> float | None:
     """augury's tokens/s ÷ the peer's, over the prompts both have records for."""
     common = set(ours) & set(theirs)
     if not common:
         return None
-    peer_rate = _rate(theirs, common)
-    return _rate(ours, common) / peer_rate if peer_rate > 0 else None
+    peer_rate = _rate(theirs, common, e2e)
+    return _rate(ours, common, e2e) / peer_rate if peer_rate > 0 else None
 
 
 def _compare_peers(keys, kinds, labels, meta, by_key) -> list[PeerComparison]:
@@ -303,6 +304,7 @@ def _compare_peers(keys, kinds, labels, meta, by_key) -> list[PeerComparison]:
                 peer_tokens_per_s=aggregate(list(theirs.values())).tokens_per_s,
                 counterpart=labels[counterpart] if counterpart else None,
                 counterpart_ratio=ratios.get(counterpart) if counterpart else None,
+                counterpart_ratio_e2e=_ratio(by_key[counterpart], theirs, e2e=True) if counterpart else None,
                 best=labels[best],
                 best_ratio=ratios[best],
             )

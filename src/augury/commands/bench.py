@@ -170,7 +170,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
             "model": args.model if target is not None else None,
             "draft": options.draft if (set(drafting) & set(DRAFT_MODEL_METHODS) or "hf-assisted" in peers) else None,
             "suite": args.suite,
-            "data": str(suite.path),
+            "data": str(suite.path.resolve()),
             "k": args.k if args.sweep_k is None else ks,
             "dtype": args.dtype if target is not None else None,
             "device": args.device if target is not None else None,
