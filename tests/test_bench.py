@@ -529,9 +529,10 @@ def test_existing_run_is_not_overwritten(tmp_path, capsys):
 def test_cli_on_real_models(tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Say hi.", "category": "chat"}])
     out = tmp_path / "out"
-    code = main(["bench", "--methods", "plain,model,ngram", "--suite", str(data), "--max-new-tokens", "6",
-                 "--out", str(out), "--no-progress", "--offline"])
+    code = main(["bench", "--methods", "plain,ngram", "--suite", str(data), "--max-new-tokens", "4",
+                 "--out", str(out), "--no-progress", "--no-warmup", "--offline"])
     assert code == 0
     s = summarize(read_records(out / RECORDS), json.loads((out / "run.json").read_text()))
-    assert s.complete and {k[0] for k in s.keys} == {"plain", "model", "ngram"}
+    assert s.complete and {k[0] for k in s.keys} == {"plain", "ngram"}
+    assert s.compared[("ngram", 4)] == (1, 1)
     assert all(r["tokens"] > 0 for r in read_records(out / RECORDS))

@@ -257,6 +257,9 @@ def render_markdown(s: Summary, plots: list[str]) -> str:
     parts += [t.markdown() for t in tables(s)]
     if s.greedy and not s.mismatches and s.compared:
         parts.append("All compared greedy outputs are identical to plain decoding.\n")
+    if not s.greedy:
+        parts.append(f"Sampled run (temperature {s.info.get('temperature')}): outputs differ by design and are "
+                     "not compared with plain decoding.\n")
     parts += ["### Definitions", "", *(f"- {d}" for d in DEFINITIONS), ""]
     parts += [f"![{name}]({name})" for name in plots]
     return "\n".join(parts) + "\n"

@@ -219,7 +219,9 @@ class BenchPlan:
 
 
 # Settings that must match for a resumed run to extend the same benchmark.
-IDENTITY_KEYS = ("model", "suite", "max_new_tokens", "temperature", "seed", "turns", "methods", "prompts")
+IDENTITY_KEYS = (
+    "model", "draft", "dtype", "chat", "suite", "max_new_tokens", "temperature", "seed", "turns", "methods", "prompts",
+)
 
 
 def check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
