@@ -55,7 +55,7 @@ class FakeContender:
     lossless = True
     counterpart = None
 
-    def __init__(self, method: str, k: int = 0, log: list | None = None, output=(1, 2, 3), interrupt_at: int | None = None):
+    def __init__(self, method: str, k: int = 0, log: list | None = None, output=(1, 2, 3), interrupt_at=None):
         self.method, self.k = method, k
         self.log = log if log is not None else []
         self.output = list(output)
@@ -143,7 +143,8 @@ def test_named_suite_default_path_is_relative_to_cwd(tmp_path):
 
 
 def test_any_jsonl_with_prompt_field(tmp_path):
-    path = write_jsonl(tmp_path / "mine.jsonl", [{"prompt": "hello"}, "", {"id": "x", "prompt": "bye", "category": "c"}])
+    rows = [{"prompt": "hello"}, "", {"id": "x", "prompt": "bye", "category": "c"}]
+    path = write_jsonl(tmp_path / "mine.jsonl", rows)
     suite = load_suite(str(path))
     assert [(p.id, p.task, p.turns) for p in suite.prompts] == [("1", "mine", ("hello",)), ("x", "c", ("bye",))]
 
@@ -276,7 +277,8 @@ def test_run_interleaves_prompt_by_prompt_after_unrecorded_warmup(tmp_path):
     ]
     records = read_records(tmp_path / "out" / RECORDS)
     assert [(r["prompt_id"], r["method"], r["k"]) for r in records] == [
-        ("0", "plain", 0), ("0", "model", 4), ("1", "model", 4), ("1", "plain", 0), ("2", "plain", 0), ("2", "model", 4),
+        ("0", "plain", 0), ("0", "model", 4), ("1", "model", 4),
+        ("1", "plain", 0), ("2", "plain", 0), ("2", "model", 4),
     ]
     assert records[1]["tokens"] == 3 and records[1]["seconds"] == pytest.approx(1.0)
 
@@ -356,7 +358,8 @@ def test_end_to_end_tiny_models_report(tmp_path, tiny_suite):
     ]
     encode = partial(encode_messages, target.tokenizer, chat=False)
     out = tmp_path / "out"
-    plan = BenchPlan(tiny_suite, contenders, SamplingParams(max_tokens=12), encode, settings={"model": "tiny", "suite": "tiny"})
+    settings = {"model": "tiny", "suite": "tiny"}
+    plan = BenchPlan(tiny_suite, contenders, SamplingParams(max_tokens=12), encode, settings=settings)
     assert run_bench(plan, out, progress=False) == 12
 
     records = read_records(out / RECORDS)
@@ -458,7 +461,8 @@ class _FakeOpenAI(http.server.BaseHTTPRequestHandler):
         for piece in ("one", " two", " three"):
             chunk = {"choices": [{"delta": {"content": piece}, "finish_reason": None}]}
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        final = {"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": {"completion_tokens": 3, "prompt_tokens": 7}}
+        usage = {"completion_tokens": 3, "prompt_tokens": 7}
+        final = {"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": usage}
         self.wfile.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
 
 

@@ -65,7 +65,9 @@ class EndpointContender:
                 listing = json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403):
-                raise AuguryError(f"endpoint {self.base} refused the request (HTTP {exc.code}); check --api-key") from None
+                raise AuguryError(
+                    f"endpoint {self.base} refused the request (HTTP {exc.code}); check --api-key"
+                ) from None
             listing = {}  # reachable; some servers do not list models
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)

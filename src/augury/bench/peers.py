@@ -107,10 +107,15 @@ def _hf_config(config: ModelConfig, dtype: torch.dtype):
             hidden_activation="gelu_pytorch_tanh",
             query_pre_attn_scalar=round(config.query_scale**-2) if config.query_scale else config.head_dim,
             sliding_window=config.sliding_window,
-            layer_types=["sliding_attention" if config.is_sliding(i) else "full_attention" for i in range(config.num_layers)],
+            layer_types=[
+                "sliding_attention" if config.is_sliding(i) else "full_attention" for i in range(config.num_layers)
+            ],
             rope_parameters={
                 "full_attention": rope,
-                "sliding_attention": {"rope_type": "default", "rope_theta": config.rope_theta_local or config.rope_theta},
+                "sliding_attention": {
+                    "rope_type": "default",
+                    "rope_theta": config.rope_theta_local or config.rope_theta,
+                },
             },
             final_logit_softcapping=None,
             attn_logit_softcapping=None,
@@ -133,14 +138,15 @@ def _hf_state_dict(model: Model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         sd["lm_head.weight"] = w.lm_head
     for i, layer in enumerate(w.layers):
         p = f"model.layers.{i}."
-        q, k, v = layer.wqkv.split([q_rows, kv_rows, kv_rows])
-        sd.update({p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k, p + "self_attn.v_proj.weight": v})
+        for name, part in zip("qkv", layer.wqkv.split([q_rows, kv_rows, kv_rows])):
+            sd[p + f"self_attn.{name}_proj.weight"] = part
         if layer.bqkv is not None:
-            qb, kb, vb = layer.bqkv.split([q_rows, kv_rows, kv_rows])
-            sd.update({p + "self_attn.q_proj.bias": qb, p + "self_attn.k_proj.bias": kb, p + "self_attn.v_proj.bias": vb})
+            for name, part in zip("qkv", layer.bqkv.split([q_rows, kv_rows, kv_rows])):
+                sd[p + f"self_attn.{name}_proj.bias"] = part
         sd[p + "self_attn.o_proj.weight"] = layer.wo
         gate, up = layer.w_gate_up.split([config.intermediate_size, config.intermediate_size])
-        sd.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up, p + "mlp.down_proj.weight": layer.w_down})
+        sd.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up})
+        sd[p + "mlp.down_proj.weight"] = layer.w_down
         sd[p + "input_layernorm.weight"] = norm(layer.attn_norm)
         if config.post_norms:
             sd[p + "post_attention_layernorm.weight"] = norm(layer.post_attn_norm)
@@ -319,7 +325,9 @@ def build_peers(
             )
     cpp_names = [n for n in names if n.startswith("llamacpp")]
     if cpp_names and not llama_cpp_available():
-        notes.append(f"peers {', '.join(cpp_names)} skipped: llama-cpp-python is not installed (import llama_cpp failed)")
+        notes.append(
+            f"peers {', '.join(cpp_names)} skipped: llama-cpp-python is not installed (import llama_cpp failed)"
+        )
         cpp_names = []
     for name in cpp_names:
         peers.append(LlamaCppContender(name, target, k, lookup=name.endswith("lookup"), n_ctx=n_ctx))

@@ -45,7 +45,8 @@ class Table:
     def html(self) -> str:
         head = "".join(f"<th>{html.escape(h)}</th>" for h in self.headers)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self.rows)
-        return f"<h3>{html.escape(self.title)}</h3>\n<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>\n"
+        table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return f"<h3>{html.escape(self.title)}</h3>\n{table}\n"
 
 
 def _f(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
@@ -65,7 +66,8 @@ def tables(s: Summary) -> list[Table]:
                 task, s.labels[key], str(agg.runs), str(agg.tokens), _f(agg.tokens_per_s),
                 _f(agg.speedup, ".2f", "x"), _f(agg.tau), _f(agg.alpha),
             ])
-    out.append(Table("Per task and overall", ["task", "method", "prompts", "tokens", "tok/s", "speed-up", "τ", "α"], rows))
+    headers = ["task", "method", "prompts", "tokens", "tok/s", "speed-up", "τ", "α"]
+    out.append(Table("Per task and overall", headers, rows))
 
     rows = []
     for key in s.keys:
@@ -94,7 +96,8 @@ def tables(s: Summary) -> list[Table]:
         for key in drafting:
             by_pos = s.cell(OVERALL, key).acceptance_by_position
             rows.append([s.labels[key], *(_f(by_pos[i]) if i < len(by_pos) else "—" for i in range(width))])
-        out.append(Table("Acceptance by draft position (overall)", ["method", *(str(i + 1) for i in range(width))], rows))
+        headers = ["method", *(str(i + 1) for i in range(width))]
+        out.append(Table("Acceptance by draft position (overall)", headers, rows))
 
     if s.sweep:
         rows = [[method, str(k), _f(speedup, ".2f", "x"), _f(tau)] for method, points in s.sweep.items()
@@ -150,7 +153,10 @@ def _title(s: Summary, text: str) -> str:
 
 def plot_speedup(s: Summary):
     """Grouped bars: speed-up over plain per task (and overall), one bar per method."""
-    keys = [key for key in s.keys if key[0] != "plain" and any(s.cell(t, key) and s.cell(t, key).speedup for t in s.tasks)]
+    keys = [
+        key for key in s.keys
+        if key[0] != "plain" and any((agg := s.cell(t, key)) is not None and agg.speedup for t in s.tasks)
+    ]
     if not keys:
         return None
     plt = _figure()

@@ -70,7 +70,10 @@ class Aggregate:
         self.runs += 1
         for name in _SUMMED:
             setattr(self, name, getattr(self, name) + record.get(name, 0))
-        for mine, theirs in ((self.drafted_at, record.get("drafted_at", [])), (self.accepted_at, record.get("accepted_at", []))):
+        for mine, theirs in (
+            (self.drafted_at, record.get("drafted_at", [])),
+            (self.accepted_at, record.get("accepted_at", [])),
+        ):
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, n in enumerate(theirs):
                 mine[i] += n

@@ -56,7 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_draft_args(p)
     add_sampling_args(p)
-    p.add_argument("--max-new-tokens", dest="max_tokens", type=int, help="tokens to generate per turn (default 128)")
+    p.add_argument(
+        "--max-new-tokens", dest="max_tokens", type=int, metavar="N", help="tokens to generate per turn (default 128)"
+    )
     p.set_defaults(func=run_bench_command, max_tokens=128)
     for action in p._actions:  # --methods and --max-new-tokens stand for these here
         if action.dest == "draft_method" or "--max-tokens" in action.option_strings:
