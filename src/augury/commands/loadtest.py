@@ -1,0 +1,113 @@
+"""`augury loadtest`: output tokens/s of `augury serve` against concurrency, speculation on and off.
+
+The servers are started here, as subprocesses, so the numbers include all the
+real server's overheads (HTTP, SSE, the scheduler thread); how they share the
+machine is explained in `augury.bench.load`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from augury.commands.common import add_model_args
+from augury.errors import AuguryError
+
+DEFAULT_SUITE = "spec-bench:2"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "loadtest",
+        help="tokens/s of the server against concurrency, speculation on and off",
+        description="Starts two `augury serve` processes on 127.0.0.1 (model drafting and plain decoding), "
+        "loads one at a time with 1, 2, 4, ... concurrent streaming clients (greedy chat completions), and "
+        "prints aggregate output tokens/s, time to first token and time per output token per level, with "
+        "the speed-up of speculation. Every response is checked against its prompt's text at concurrency 1.",
+    )
+    add_model_args(p)
+    g = p.add_argument_group("servers")
+    g.add_argument("--draft", default=None, help="draft model of the spec-on server (default: serve's default)")
+    g.add_argument("--k", type=int, default=4, help="largest draft length of the spec-on server (default 4)")
+    g.add_argument("--max-batch", type=int, default=None,
+                   help="sequences each server decodes together (default: the highest concurrency)")
+    g.add_argument("--seq-tokens", type=int, default=2048,
+                   help="KV slots per sequence, prompt + output (default 2048; sets serve's --kv-budget-tokens)")
+    g.add_argument("--port", type=int, default=0,
+                   help="spec off on PORT, spec on on PORT+1 (default 0: free ephemeral ports)")
+    g.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="seconds to wait for each server's /health (default 600)")
+    g = p.add_argument_group("load")
+    g.add_argument("--concurrency", default="1,2,4,8,16", help="client counts, comma separated (default 1,2,4,8,16)")
+    g.add_argument("--requests-per-client", type=int, default=2,
+                   help="requests each client sends one after another per level (default 2)")
+    g.add_argument("--max-tokens", "-n", type=int, default=64, help="max_tokens of every request (default 64)")
+    g.add_argument("--suite", default=DEFAULT_SUITE,
+                   help=f"prompts: spec-bench[:N], mt-bench[:N], gsm8k[:N] or a JSONL file (default {DEFAULT_SUITE}; "
+                   "first turn only)")
+    g.add_argument("--data", default=None, help="the named suite's JSONL file, if not in ../shared/data")
+    g.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    p.set_defaults(func=run_loadtest)
+
+
+def _check_args(args: argparse.Namespace) -> list[int]:
+    from augury.bench.load import parse_concurrency
+
+    levels = parse_concurrency(args.concurrency)
+    for name in ("requests_per_client", "max_tokens", "k"):
+        if getattr(args, name) < 1:
+            raise AuguryError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.max_batch is not None and args.max_batch < 1:
+        raise AuguryError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.seq_tokens <= args.max_tokens:
+        raise AuguryError(f"--seq-tokens ({args.seq_tokens}) must exceed --max-tokens ({args.max_tokens}) "
+                          "to leave room for the prompt")
+    if not 0 <= args.port < 65535:
+        raise AuguryError(f"--port must be between 1 and 65534 (or 0 for ephemeral ports), got {args.port}")
+    if args.startup_timeout <= 0:
+        raise AuguryError(f"--startup-timeout must be positive, got {args.startup_timeout}")
+    return levels
+
+
+def _serve_args(args: argparse.Namespace, max_batch: int) -> list[str]:
+    """The options both servers share; the draft options are ignored by the plain one."""
+    argv = ["--model", args.model, "--dtype", args.dtype, "--device", args.device, "--k", str(args.k),
+            "--max-batch", str(max_batch), "--kv-budget-tokens", str(max_batch * args.seq_tokens),
+            "--max-tokens-limit", str(args.max_tokens)]
+    if args.draft is not None:
+        argv += ["--draft", args.draft]
+    if args.offline:
+        argv.append("--offline")
+    if not args.exact:
+        argv.append("--no-exact")
+    return argv
+
+
+def run_loadtest(args: argparse.Namespace) -> int:
+    levels = _check_args(args)
+    from augury.bench.load import run_with_servers, write_json
+    from augury.bench.suites import load_suite
+
+    suite = load_suite(args.suite, args.data)
+    prompts = [[{"role": "user", "content": p.turns[0]}] for p in suite.prompts]
+    max_batch = args.max_batch or max(levels)
+
+    def progress(line: str) -> None:
+        print(f"augury: {line}", file=sys.stderr, flush=True)
+
+    report = run_with_servers(
+        _serve_args(args, max_batch), prompts, levels, args.requests_per_client, args.max_tokens,
+        port=args.port, startup_timeout=args.startup_timeout, progress=progress,
+    )
+    report.prompt_ids = [p.id for p in suite.prompts]
+    report.settings = {
+        "model": args.model, "draft": args.draft, "k": args.k, "max_batch": max_batch, "dtype": args.dtype,
+        "device": args.device, "suite": args.suite, "prompts": len(prompts), "concurrency": levels,
+        "requests_per_client": args.requests_per_client, "max_tokens": args.max_tokens, "temperature": 0.0,
+    }
+    print(report.markdown(), end="")
+    if args.out is not None:
+        write_json(report, args.out)
+        progress(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,213 @@
+"""`augury loadtest`: the measuring client against in-process tiny servers, the report's arithmetic,
+mismatch detection, and the server-process handling (start failures, ports, the CLI's input checks).
+
+The command itself starts real servers as subprocesses; here the client side
+runs against the in-process server of tests/test_server.py instead, whose
+greedy outputs are known from `Engine.generate`.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+
+from augury.bench.endpoint import EndpointContender
+from augury.bench.load import (
+    SPEC_OFF,
+    SPEC_ON,
+    LevelResult,
+    LoadReport,
+    RequestResult,
+    ServerProcess,
+    check_port_free,
+    parse_concurrency,
+    prompt_index,
+    prompts_at,
+    run_load,
+)
+from augury.cli import main
+from augury.errors import AuguryError
+from augury.sampling import SamplingParams
+from tests.test_server import VOCAB, encode, serve, tiny_pair
+
+PROMPTS = ["the quick brown fox", "alpha beta", "code river stone", "sky 42"]
+MAX_TOKENS = 6
+
+
+def chat(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def engine_output(text: str) -> tuple[str, int]:
+    """Text and token count of a prompt alone through the engine, as the server templates it."""
+    from augury.engine import Engine
+    from augury.proposers.draft_model import DraftModelProposer
+    from tests.test_server import ChatCharTokenizer
+
+    target, draft = tiny_pair()
+    ids = encode(ChatCharTokenizer(VOCAB).apply_chat_template(chat(text)))
+    result = Engine(target, DraftModelProposer(draft, VOCAB), k=4).generate(ids, SamplingParams(max_tokens=MAX_TOKENS))
+    return result.text, len(result.token_ids)
+
+
+@pytest.fixture(scope="module")
+def two_servers():
+    with serve(max_batch=4) as (base_off, _, _), serve(max_batch=4, k=2) as (base_on, _, _):
+        yield base_off, base_on
+
+
+def clients(bases) -> dict[str, EndpointContender]:
+    made = {SPEC_OFF: EndpointContender(bases[0]), SPEC_ON: EndpointContender(bases[1])}
+    for client in made.values():
+        client.check()
+    return made
+
+
+# -- input ------------------------------------------------------------------------------------------
+
+
+def test_parse_concurrency():
+    assert parse_concurrency("1,2,4,8,16") == [1, 2, 4, 8, 16]
+    assert parse_concurrency(" 4, 1 ") == [4, 1]
+    for bad in ("", "1,,2", "1,x", "0,1", "-1", "1.5", "2,2"):
+        with pytest.raises(AuguryError, match="--concurrency"):
+            parse_concurrency(bad)
+
+
+def test_prompts_go_round_robin_over_clients():
+    # 3 clients, 2 rounds, 4 prompts: round 0 asks 0 1 2, round 1 asks 3 0 1.
+    assert [[prompt_index(w, r, 3, 4) for w in range(3)] for r in range(2)] == [[0, 1, 2], [3, 0, 1]]
+    assert prompts_at(1, 2, 4) == {0, 1}
+    assert prompts_at(4, 2, 4) == {0, 1, 2, 3}
+
+
+def test_cli_rejects_bad_input_with_one_line(capsys):
+    assert main(["loadtest", "--concurrency", "1,two"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("augury: error: --concurrency") and "\n" not in err
+    assert main(["loadtest", "--max-tokens", "64", "--seq-tokens", "64"]) == 2
+    assert "--seq-tokens" in capsys.readouterr().err
+
+
+# -- measuring against real (tiny) servers -----------------------------------------------------------
+
+
+def test_levels_count_tokens_and_equal_the_engine(two_servers):
+    expected = {i: engine_output(p) for i, p in enumerate(PROMPTS)}
+    report = run_load(clients(two_servers), [chat(p) for p in PROMPTS], [1, 2, 3], 2, MAX_TOKENS)
+
+    assert [(lv.server, lv.concurrency) for lv in report.levels] == [
+        (SPEC_OFF, 1), (SPEC_ON, 1), (SPEC_ON, 2), (SPEC_OFF, 2), (SPEC_OFF, 3), (SPEC_ON, 3)
+    ]  # the order alternates per level
+    for lv in report.levels:
+        assert len(lv.requests) == lv.concurrency * 2
+        assert sorted(r.prompt for r in lv.requests) == sorted(
+            prompt_index(w, r, lv.concurrency, len(PROMPTS)) for w in range(lv.concurrency) for r in range(2))
+        for r in lv.requests:
+            assert (r.text, r.tokens) == expected[r.prompt]  # usage tokens, and batching changed nothing
+            assert 0 < r.ttft_s <= r.total_s
+        assert lv.tokens == sum(expected[r.prompt][1] for r in lv.requests)
+        assert lv.tok_s == pytest.approx(lv.tokens / lv.wall_s)
+        assert lv.wall_s >= max(r.total_s for r in lv.requests)
+    # Prompts 2 and 3 are not asked at concurrency 1, so they got a reference request alone.
+    assert report.references[SPEC_OFF] == {i: expected[i][0] for i in range(4)}
+    assert report.mismatches() == [] and report.lossless_mismatches() == []
+    assert report.compared() == 2 * (2 + 4 + 6)
+    for c in (1, 2, 3):
+        on, off = report.level(SPEC_ON, c), report.level(SPEC_OFF, c)
+        assert report.ratio(c) == pytest.approx(on.tok_s / off.tok_s)
+        row = next(row for row in report.table().rows if row[0] == str(c))
+        assert row[1:4] == [f"{off.tok_s:.1f}", f"{on.tok_s:.1f}", f"{on.tok_s / off.tok_s:.2f}x"]
+    assert "all 24 responses equal" in report.markdown()
+
+
+class Tampering(EndpointContender):
+    """A client that corrupts the n-th answer to one prompt, as a batching bug would."""
+
+    def __init__(self, base: str, prompt: str, nth: int) -> None:
+        super().__init__(base)
+        self.prompt, self.nth, self.seen = prompt, nth, 0
+
+    def generate(self, messages, prompt_ids, params):
+        outcome = super().generate(messages, prompt_ids, params)
+        if messages[0]["content"] == self.prompt:
+            self.seen += 1
+            if self.seen == self.nth:
+                outcome.text = outcome.text[:2] + "#" + outcome.text[3:]
+        return outcome
+
+
+def test_a_changed_answer_is_reported(two_servers):
+    made = clients(two_servers)
+    made[SPEC_ON] = Tampering(two_servers[1], PROMPTS[1], nth=2)  # 1st: concurrency 1; 2nd: concurrency 2
+    made[SPEC_ON].check()
+    report = run_load(made, [chat(p) for p in PROMPTS[:2]], [1, 2], 1, MAX_TOKENS)
+    found = report.mismatches()
+    assert [(m.server, m.concurrency, m.prompt) for m in found] == [(SPEC_ON, 2, 1)]
+    assert found[0].got[2] == "#" and found[0].expected == engine_output(PROMPTS[1])[0]
+    assert "1 of 6 responses differ" in report.markdown()
+    assert "from character 2" in found[0].describe()
+
+
+# -- the report's arithmetic -------------------------------------------------------------------------
+
+
+def _level(server: str, c: int, wall: float, texts: list[tuple[int, str, int]]) -> LevelResult:
+    return LevelResult(server, c, wall, [RequestResult(p, t, n, 0.5, 0.5 + 0.1 * (n - 1)) for p, t, n in texts])
+
+
+def test_ratio_goals_and_mismatches_from_known_numbers():
+    levels = [
+        _level(SPEC_OFF, 1, 2.0, [(0, "abc", 20)]),  # 10 tok/s
+        _level(SPEC_ON, 1, 1.0, [(0, "abc", 16)]),  # 16 tok/s: 1.6x
+        _level(SPEC_OFF, 8, 1.0, [(0, "abc", 50), (1, "xyz", 50)]),  # 100 tok/s
+        _level(SPEC_ON, 8, 1.0, [(0, "abc", 45), (1, "xyZ", 45)]),  # 90 tok/s: 0.9x, and prompt 1 changed
+    ]
+    report = LoadReport(levels, {SPEC_OFF: {0: "abc", 1: "xyz"}, SPEC_ON: {0: "abc", 1: "xyw"}})
+    assert report.ratio(1) == pytest.approx(1.6) and report.ratio(8) == pytest.approx(0.9)
+    assert report.table().rows[0] == ["1", "10.0", "16.0", "1.60x", "0.50 / 0.50", "100.0 / 100.0"]
+    assert report.goals() == ["goal: at least 1.5x at concurrency 1: met (1.60x)",
+                              "goal: never slower than speculation off: missed at concurrency 8 (0.90x)"]
+    assert [(m.server, m.concurrency, m.prompt, m.got) for m in report.mismatches()] == [(SPEC_ON, 8, 1, "xyZ")]
+    lossless = report.lossless_mismatches()
+    assert [(m.prompt, m.expected, m.got) for m in lossless] == [(1, "xyz", "xyw")]
+    data = report.to_json()
+    assert data["levels"][1]["ratio"] == pytest.approx(0.9)
+    assert data["levels"][0][SPEC_ON]["tok_s"] == pytest.approx(16.0)
+    assert len(data["mismatches"]) == 1 and len(data["lossless_mismatches"]) == 1
+
+
+# -- server processes --------------------------------------------------------------------------------
+
+
+def test_a_server_that_dies_is_reported_with_its_stderr():
+    script = "import sys; print('loading', file=sys.stderr); print('OSError: no such model', file=sys.stderr); " \
+             "sys.exit(3)"
+    server = ServerProcess("spec on", [sys.executable, "-c", script], port=1)
+    server.start()
+    try:
+        with pytest.raises(AuguryError, match=r"spec on server exited with code 3 .*loading \| OSError: no such model"):
+            server.wait_ready(30)
+    finally:
+        server.stop()
+
+
+def test_a_server_that_never_answers_times_out_and_is_stopped():
+    server = ServerProcess("spec off", [sys.executable, "-c", "import time; time.sleep(60)"], port=1)
+    server.start()
+    try:
+        with pytest.raises(AuguryError, match=r"did not answer .*/health within 0.5s"):
+            server.wait_ready(0.5)
+    finally:
+        server.stop(grace=5)
+    assert server.proc.returncode is not None
+
+
+def test_a_port_in_use_is_refused():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(AuguryError, match=f"port {s.getsockname()[1]} on 127.0.0.1 is in use"):
+            check_port_free(s.getsockname()[1])
