@@ -354,7 +354,8 @@ def run_load(
         for i in sorted(used - alone):
             references[name][i] = stream_one(clients[name], prompts[i], i, max_tokens).text
         if used - alone:
-            say(f"{LABELS.get(name, name)}: {len(used - alone)} reference requests at concurrency 1")
+            say(f"{LABELS.get(name, name)}: {len(used - alone)} prompt(s) the concurrency-1 level does not ask, "
+                "sent alone first as references (and warm-up)")
     levels = []
     for step, c in enumerate(concurrency):
         order = names if step % 2 == 0 else names[::-1]
