@@ -19,6 +19,7 @@ from augury.errors import AuguryError
 from augury.models.decoder import Decoder, ModelConfig, Weights
 from augury.models.loader import Model
 from augury.proposers import DraftOptions, build_proposer
+from augury.proposers import cross_tokenizer
 from augury.proposers.cross_tokenizer import (
     CrossTokenizerProposer,
     TextTracker,
@@ -160,8 +161,11 @@ def _text_prompts(tok) -> list[list[int]]:
     return [tok.encode(t) for t in ("ab cd. ", "hgf ab ba ", "abcdefgh")]
 
 
+@pytest.mark.parametrize("window", [256, 3], ids=["window256", "window3"])
 @pytest.mark.parametrize("k", [1, 2, 4])
-def test_cross_greedy_equals_plain(k):
+def test_cross_greedy_equals_plain(k, window, monkeypatch):
+    """window3 freezes older text into drafter tokens every few characters, exercising that path."""
+    monkeypatch.setattr(cross_tokenizer, "WINDOW_CHARS", window)
     target = pieces_model(TARGET_PIECES, seed=3)
     draft = pieces_model(DRAFT_PIECES, seed=4)
     params = SamplingParams(max_tokens=30)
@@ -172,6 +176,33 @@ def test_cross_greedy_equals_plain(k):
         assert spec.token_ids == plain.token_ids, f"K={k}: cross-tokenizer greedy output differs from plain"
         assert spec.stats.drafted > 0
     assert proposer.states == {}, "finished sequences must free their drafter state"
+
+
+def test_cross_drafter_cache_equals_a_fresh_prefill_of_its_tokens(monkeypatch):
+    """Reusing the longest common prefix and truncating must leave exactly the cache a fresh prefill builds."""
+    monkeypatch.setattr(cross_tokenizer, "WINDOW_CHARS", 3)
+    target = pieces_model(TARGET_PIECES, seed=3)
+    draft = pieces_model(DRAFT_PIECES, seed=4)
+    proposer = CrossTokenizerProposer(draft, target)
+    sync = proposer._sync
+    seen = []
+
+    def checked_sync(state, wanted):
+        logits = sync(state, wanted)
+        n = len(wanted)
+        assert state.ids == wanted and state.cache.lengths == [n]
+        fresh = draft.decoder.new_cache(1, n + 8)
+        ref = draft.decoder.forward(torch.tensor([wanted]), fresh, logits_rows=slice(-1, None))
+        torch.testing.assert_close(logits, ref[0, -1], rtol=1e-4, atol=1e-4)
+        for layer in range(draft.config.num_layers):
+            torch.testing.assert_close(state.cache.keys[layer][:, :, :n], fresh.keys[layer][:, :, :n],
+                                       rtol=1e-4, atol=1e-4)
+        seen.append(state.frozen_chars)
+        return logits
+
+    monkeypatch.setattr(proposer, "_sync", checked_sync)
+    Engine(target, proposer, k=3).generate(target.tokenizer.encode("ab cd. "), SamplingParams(max_tokens=40))
+    assert len(seen) > 5 and max(seen) > 0, "the frozen-prefix path was not exercised"
 
 
 def _relabelled(model: Model, pieces: list[str]) -> Model:

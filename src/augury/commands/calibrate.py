@@ -22,7 +22,6 @@ decoded for real at the end and both speeds are printed.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -32,6 +31,7 @@ import torch
 from augury.commands.common import add_model_args
 from augury.engine import Engine, check_k
 from augury.errors import AuguryError
+from augury.metrics import SpecStats
 from augury.models.decoder import Decoder
 from augury.models.loader import Model
 from augury.proposers.layer_skip import LayerSkipProposer, calibration_path, layer_skip_model, skip_layers
@@ -75,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 class StepCosts:
     """Seconds per forward on this machine: drafter = fixed + per_layer * kept layers."""
 
+    plain: float  # the target decoding one token
     draft_fixed: float
     draft_per_layer: float
     verify: float  # the target scoring last + K drafted tokens
@@ -91,27 +92,43 @@ class Trial:
     tokens_per_s: float  # modeled from the acceptance replay and StepCosts
 
 
-def _time_forward(decoder: Decoder, context: list[int], rows: int, reps: int = 5) -> float:
-    """Median seconds of one forward of `rows` new tokens after `context` (cache rolled back each time)."""
+def _forward_timer(decoder: Decoder, context: list[int], rows: int) -> Callable[[], float]:
+    """A function timing one forward of `rows` new tokens after `context` (the cache is rolled back after each)."""
     cache = decoder.new_cache(1, len(context) + rows + 8)
     decoder.forward(torch.tensor([context], device=decoder.device), cache)
-    block = torch.tensor([context[-rows:] if rows <= len(context) else [context[-1]] * rows], device=decoder.device)
-    times = []
-    for _ in range(reps + 1):  # the first run warms up
+    block = torch.tensor([(context * rows)[-rows:]], device=decoder.device)
+
+    def run() -> float:
         t0 = time.perf_counter()
         decoder.forward(block, cache)
-        times.append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
         cache.truncate(len(context))
-    return statistics.median(times[1:])
+        return elapsed
+
+    return run
 
 
-def measure_costs(target: Model, context: list[int], k: int) -> StepCosts:
-    """Time a one-token drafter step with all layers and with none, and a K + 1 token verification."""
+def measure_costs(target: Model, context: list[int], k: int, rounds: int = 5) -> StepCosts:
+    """Time a plain decode step, one-token drafter steps with all layers and with none, and a verification.
+
+    The four are interleaved and each keeps its fastest round, so that load
+    from other processes does not fall on one of them only.
+    """
     layers = target.config.num_layers
-    full = _time_forward(skip_layers(target.decoder, []), context, 1)
-    fixed = _time_forward(skip_layers(target.decoder, range(layers)), context, 1)
-    verify = _time_forward(target.decoder, context, k + 1)
-    return StepCosts(draft_fixed=fixed, draft_per_layer=max(full - fixed, 0.0) / layers, verify=verify)
+    timers = {
+        "plain": _forward_timer(target.decoder, context, 1),
+        "full": _forward_timer(skip_layers(target.decoder, []), context, 1),
+        "fixed": _forward_timer(skip_layers(target.decoder, range(layers)), context, 1),
+        "verify": _forward_timer(target.decoder, context, k + 1),
+    }
+    best = {name: float("inf") for name in timers}
+    for i in range(rounds + 1):  # the first round warms up
+        for name, timer in timers.items():
+            elapsed = timer()
+            if i:
+                best[name] = min(best[name], elapsed)
+    per_layer = max(best["full"] - best["fixed"], 0.0) / layers
+    return StepCosts(plain=best["plain"], draft_fixed=best["fixed"], draft_per_layer=per_layer, verify=best["verify"])
 
 
 def replay(matches: list[bool], k: int) -> tuple[int, int, int]:
@@ -164,30 +181,29 @@ def calibrate(
     params = SamplingParams(max_tokens=max_tokens)
     plain = [Engine(target).generate(ids, params) for ids in prompts]
     outputs = [r.token_ids for r in plain]
-    plain_tps = sum(len(o) for o in outputs) / sum(r.stats.total_s for r in plain)
-    log(f"plain greedy decoding: {plain_tps:.2f} tok/s ({sum(len(o) for o in outputs)} tokens)")
     costs = measure_costs(target, prompts[0], k)
-    log(f"step costs: drafter {costs.draft_fixed * 1e3:.1f} ms + {costs.draft_per_layer * 1e3:.2f} ms/layer, "
-        f"verification of {k + 1} tokens {costs.verify * 1e3:.1f} ms")
+    log(f"step costs: plain {costs.plain * 1e3:.1f} ms, drafter {costs.draft_fixed * 1e3:.1f} ms + "
+        f"{costs.draft_per_layer * 1e3:.2f} ms/layer, verification of {k + 1} tokens {costs.verify * 1e3:.1f} ms")
 
-    def trial(skip: list[int]) -> Trial:
+    def trial(skip: list[int], quiet: bool = False) -> Trial:
         decoder = skip_layers(target.decoder, skip)
         steps = drafted = accepted = 0
         for ids, output in zip(prompts, outputs):
             if len(output) < 2:
                 continue
-            s, d, a = replay(teacher_forced_matches(decoder, ids, output), k)
+            matches = teacher_forced_matches(decoder, ids, output) if skip else [True] * len(output)
+            s, d, a = replay(matches, k)
             steps, drafted, accepted = steps + s, drafted + d, accepted + a
         committed = steps + accepted
         step_s = k * costs.draft(layers - len(skip)) + costs.verify
         result = Trial(sorted(skip), accepted / max(drafted, 1), committed / max(steps, 1),
                        committed / max(steps * step_s, 1e-12))
-        log(f"  skip {result.skip}: alpha {result.alpha:.2f} tau {result.tau:.2f} "
-            f"-> {result.tokens_per_s:.2f} tok/s (modeled)")
+        if not quiet:
+            log(f"  skip {result.skip}: alpha {result.alpha:.2f} tau {result.tau:.2f} "
+                f"-> {result.tokens_per_s:.2f} tok/s (modeled)")
         return result
 
-    step_all = k * costs.draft(layers) + costs.verify
-    best = Trial([], 1.0, k + 1.0, (k + 1) / step_all)  # nothing skipped: every draft accepted
+    best = trial([], quiet=True)  # nothing skipped: every draft is accepted, at full cost
     remaining = [i for i in range(1, layers - 1) if pool == "all" or i % 2 == 1]
     history: list[Trial] = []
     ranking: list[int] | None = None
@@ -205,20 +221,26 @@ def calibrate(
             break
         best = cand
         remaining.remove(layer)
-    log(f"best: skip {best.skip} (alpha {best.alpha:.2f}, tau {best.tau:.2f}, {best.tokens_per_s:.2f} tok/s "
-        f"modeled vs {plain_tps:.2f} tok/s plain)")
-    measured = {"plain_tokens_per_s": plain_tps}
+    plain_modeled = 1.0 / costs.plain
+    log(f"best: skip {best.skip} (alpha {best.alpha:.2f}, tau {best.tau:.2f}): {best.tokens_per_s:.2f} tok/s "
+        f"modeled vs {plain_modeled:.2f} tok/s plain")
+    if best.tokens_per_s <= plain_modeled:
+        log("note: on these costs layer skipping is not expected to beat plain decoding")
+    plain_stats = SpecStats()
+    for r in plain:
+        plain_stats = plain_stats.merge(r.stats)
+    measured = {"plain_tokens_per_s": plain_stats.tokens_per_s}
     if best.skip:
         proposer = LayerSkipProposer(layer_skip_model(target, best.skip), target.config.vocab_size)
         runs = [Engine(target, proposer, k=k).generate(ids, params) for ids in prompts]
-        tokens = sum(r.stats.generated_tokens for r in runs)
-        steps = sum(r.stats.steps for r in runs)
-        spec_tps = tokens / sum(r.stats.total_s for r in runs)
+        spec_stats = SpecStats()
+        for r in runs:
+            spec_stats = spec_stats.merge(r.stats)
         same = all(r.token_ids == o for r, o in zip(runs, outputs))
-        measured.update(speculative_tokens_per_s=spec_tps, tau=sum(r.stats.committed_in_steps for r in runs) / steps,
-                        identical_to_plain=same)
-        log(f"measured: layerskip {spec_tps:.2f} tok/s vs plain {plain_tps:.2f} tok/s "
-            f"(speed-up {spec_tps / plain_tps:.2f}x, tau {measured['tau']:.2f}, "
+        measured.update(speculative_tokens_per_s=spec_stats.tokens_per_s, tau=spec_stats.tau,
+                        alpha=spec_stats.alpha, identical_to_plain=same)
+        log(f"measured decoding: layerskip {spec_stats.tokens_per_s:.2f} tok/s vs plain "
+            f"{plain_stats.tokens_per_s:.2f} tok/s (tau {spec_stats.tau:.2f}, alpha {spec_stats.alpha:.2f}, "
             f"output identical to plain: {'yes' if same else 'NO'})")
     return {
         "skip_layers": best.skip,
