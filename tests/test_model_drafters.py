@@ -327,7 +327,10 @@ def test_int8_weight_matmul_matches_its_dequantized_weight(fused):
 
 
 def test_quantized_drafter_is_close_to_the_target(deep_target):
+    before = [t.clone() for t in (deep_target.decoder.weights.lm_head, deep_target.decoder.weights.layers[0].wqkv)]
     quantized = quantize_decoder(deep_target.decoder)
+    after = (deep_target.decoder.weights.lm_head, deep_target.decoder.weights.layers[0].wqkv)
+    assert all(torch.equal(b, a) for b, a in zip(before, after)), "quantizing must not touch the target's weights"
     tokens = torch.tensor([PROMPTS[1]])
     ref = deep_target.decoder.forward(tokens, deep_target.decoder.new_cache(1, 32))
     ours = quantized.forward(tokens, quantized.new_cache(1, 32))

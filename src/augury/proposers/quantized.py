@@ -72,7 +72,9 @@ class Int8Weight:
         for rows in weight.split(_ROWS_PER_CHUNK):
             scale = rows.abs().amax(dim=1).float() / 127.0  # abs and max are exact in any float dtype
             scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-            values.append(rows.float().div_(scale[:, None]).round_().clamp_(-127, 127).to(torch.int8))
+            # A copy: for fp32 weights .float() would return the target's own tensor, divided in place.
+            scaled = rows.to(torch.float32, copy=True).div_(scale[:, None])
+            values.append(scaled.round_().clamp_(-127, 127).to(torch.int8))
             scales.append(scale)
         self.values = torch.cat(values)  # [out, in] int8
         self.scale = torch.cat(scales).to(weight.dtype)  # [out], in the activation dtype (the kernel wants that)
