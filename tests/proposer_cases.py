@@ -28,6 +28,15 @@ def _draft_model(target: Model, seed: int) -> Proposer:
     return DraftModelProposer(draft, cfg.vocab_size)
 
 
+def _draft_model_lean(target: Model, seed: int) -> Proposer:
+    """The draft model with early stopping on low confidence and a truncated output head."""
+    from augury.proposers.draft_model import DraftModelProposer
+
+    cfg = target.config
+    draft = tiny_model(vocab=cfg.vocab_size, seed=seed, hidden=cfg.hidden_size, dtype=target.decoder.dtype)
+    return DraftModelProposer(draft, cfg.vocab_size, confidence=0.5, vocab_limit=cfg.vocab_size - 1)
+
+
 def _registered(method: str, **options) -> Callable[[Model, int], Proposer]:
     """A method built through the registry, as the CLI builds it."""
 
@@ -48,6 +57,7 @@ def _hybrid(target: Model, seed: int) -> Proposer:
 
 PROPOSER_CASES: list[ProposerCase] = [
     ProposerCase("model", _draft_model),
+    ProposerCase("model-lean", _draft_model_lean),
     ProposerCase("ngram", _registered("ngram", ngram_min=1, ngram_max=3)),
     ProposerCase("suffix", _registered("suffix", ngram_min=1)),
     ProposerCase("hybrid", _hybrid),

@@ -45,6 +45,18 @@ def add_draft_args(parser: argparse.ArgumentParser, *, default_method: str = "mo
     g.add_argument(
         "--skip-layers", default=None, help="layerskip: comma list of layers to skip, or a file from `augury calibrate`"
     )
+    g.add_argument(
+        "--draft-confidence",
+        type=float,
+        default=0.0,
+        help="model drafters: stop a draft early when the drafter's top probability falls below this (0 = off)",
+    )
+    g.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=0,
+        help="model drafters: project onto the first N token ids only, a cheaper head (0 = full vocabulary)",
+    )
     g.add_argument("--quant", default="int8", help="quantized: weight format of the self-draft copy (default int8)")
 
 
@@ -95,4 +107,6 @@ def draft_options_from_args(args: argparse.Namespace):
         suffix_corpus=args.suffix_corpus,
         skip_layers=args.skip_layers,
         quant=args.quant,
+        draft_confidence=args.draft_confidence,
+        draft_vocab=args.draft_vocab,
     )

@@ -176,6 +176,15 @@ class Decoder:
         # of its block; longer blocks (prefill) use one masked attention call.
         self.row_attention_limit = 64 if exact else 0
 
+    def with_head_rows(self, rows: int) -> "Decoder":
+        """The same decoder (shared weights and settings) projecting onto token ids [0, rows) only."""
+        w = self.weights
+        head = Weights(embed=w.embed, final_norm=w.final_norm, lm_head=w.lm_head[:rows], layers=w.layers)
+        clone = Decoder.__new__(Decoder)
+        clone.__dict__.update(self.__dict__)
+        clone.weights = head
+        return clone
+
     def pad_rows(self, rows: int) -> int:
         """How many rows a matmul over `rows` real rows is padded to (see module doc)."""
         padded = max(rows, self.min_rows)

@@ -30,6 +30,8 @@ class DraftOptions:
     suffix_corpus: str | None = None  # suffix: file that persists earlier outputs between runs
     skip_layers: str | None = None  # layerskip: "3,5,7" or a calibration file written by `augury calibrate`
     quant: str = "int8"  # quantized: weight format of the self-draft copy
+    draft_confidence: float = 0.0  # model drafters: stop drafting below this top probability (0 = never)
+    draft_vocab: int = 0  # model drafters: project onto the first N token ids only (0 = full vocabulary)
 
 
 def _build_model(target: Model, options: DraftOptions) -> Proposer:
@@ -40,7 +42,9 @@ def _build_model(target: Model, options: DraftOptions) -> Proposer:
         raise AuguryError("--draft-method model needs --draft NAME_OR_PATH")
     draft = load_model(options.draft, dtype=options.dtype, device=options.device, offline=options.offline)
     check_same_vocabulary(target, draft)
-    return DraftModelProposer(draft, target.config.vocab_size)
+    return DraftModelProposer(
+        draft, target.config.vocab_size, confidence=options.draft_confidence, vocab_limit=options.draft_vocab
+    )
 
 
 def _lazy(module: str, function: str = "build") -> Callable[[Model, DraftOptions], Proposer]:

@@ -3,9 +3,20 @@
 The drafter keeps its own KV cache per sequence and remembers how many of the
 sequence's tokens it holds. Proposing first feeds whatever it has not seen (the
 recovered or bonus token, and after a fully accepted draft also the last
-drafted token, which was proposed but never fed), then drafts k tokens one
-forward each. After verification it rolls its cache back to the tokens that
-survived, by moving the length pointer.
+drafted token, which was proposed but never fed), then drafts up to k tokens
+one forward each. After verification it rolls its cache back to the tokens
+that survived, by moving the length pointer.
+
+On a CPU the drafter's own cost decides the speed-up, so two knobs keep it
+lean, neither of which can change the output (the target verifies whatever is
+proposed):
+- confidence: stop drafting once the drafter's own top probability falls below
+  a threshold; a guess it doubts is likely rejected and costs a forward.
+- vocab_limit: project only onto the first N token ids. BPE vocabularies are
+  ordered roughly by merge frequency, so the head shrinks a lot (for a 0.5B
+  Qwen the output matrix is over a quarter of all weights) while nearly every
+  drafted token stays reachable; tokens past N are still produced by the target
+  as recovered or bonus tokens.
 """
 
 from __future__ import annotations
@@ -44,9 +55,19 @@ class DraftModelProposer:
 
     name = "model"
 
-    def __init__(self, draft: Model, target_vocab_size: int) -> None:
+    def __init__(
+        self, draft: Model, target_vocab_size: int, *, confidence: float = 0.0, vocab_limit: int = 0
+    ) -> None:
+        if not 0.0 <= confidence < 1.0:
+            raise AuguryError(f"draft confidence must be in [0, 1), got {confidence}")
+        if vocab_limit < 0:
+            raise AuguryError(f"draft vocabulary limit must be >= 0 (0 = full), got {vocab_limit}")
         self.model = draft
+        self.decoder = draft.decoder
+        if 0 < vocab_limit < draft.config.vocab_size:
+            self.decoder = draft.decoder.with_head_rows(vocab_limit)
         self.target_vocab_size = target_vocab_size
+        self.confidence = confidence
         self.states: dict[int, _DraftState] = {}
         self._forwards = 0
 
@@ -56,7 +77,7 @@ class DraftModelProposer:
 
     def start(self, seq: Sequence) -> None:
         max_len = len(seq.tokens) + seq.params.max_tokens + 64
-        cache = self.model.decoder.new_cache(1, max_len)
+        cache = self.decoder.new_cache(1, max_len)
         state = _DraftState(cache=cache, fed=0, drafted=[])
         self.states[seq.id] = state
         if len(seq.tokens) > 1:
@@ -64,8 +85,8 @@ class DraftModelProposer:
 
     def _feed(self, state: _DraftState, tokens: list[int]) -> torch.Tensor:
         """Run tokens through the drafter, return the last row's logits [V]."""
-        logits = self.model.decoder.forward(
-            torch.tensor([tokens], device=self.model.decoder.device), state.cache, logits_rows=slice(-1, None)
+        logits = self.decoder.forward(
+            torch.tensor([tokens], device=self.decoder.device), state.cache, logits_rows=slice(-1, None)
         )
         state.fed += len(tokens)
         self._forwards += 1
@@ -87,10 +108,14 @@ class DraftModelProposer:
             q_row = probabilities(logits[None], params, seq.prompt, seq.output, tokens)[0]
             if params.greedy:
                 token = int(q_row.argmax())
+                doubt = self.confidence and float(torch.softmax(logits, -1)[token]) < self.confidence
             else:
                 token = int(sample(q_row[None], seq.generator)[0])
                 rows.append(q_row)
+                doubt = self.confidence and float(q_row[token]) < self.confidence
             tokens.append(token)
+            if doubt:
+                break
         state.drafted = tokens
         q_draft = None
         if rows:
