@@ -37,6 +37,20 @@ def _draft_model_lean(target: Model, seed: int) -> Proposer:
     return DraftModelProposer(draft, cfg.vocab_size, confidence=0.5, vocab_limit=cfg.vocab_size - 1)
 
 
+def _cross(target: Model, seed: int) -> Proposer:
+    """A drafter whose tokenizer numbers the same characters differently (ids reversed)."""
+    from augury.proposers.cross_tokenizer import CrossTokenizerProposer
+    from tests.tiny import CharTokenizer
+
+    cfg = target.config
+    draft = tiny_model(vocab=cfg.vocab_size, seed=seed, hidden=cfg.hidden_size, dtype=target.decoder.dtype)
+    tokenizer = CharTokenizer(cfg.vocab_size)
+    tokenizer.ALPHABET = tokenizer.ALPHABET[: cfg.vocab_size][::-1]
+    tokenizer.vocab = {c: i for i, c in enumerate(tokenizer.ALPHABET)}
+    draft.tokenizer = tokenizer
+    return CrossTokenizerProposer(draft, target)
+
+
 def _registered(method: str, **options) -> Callable[[Model, int], Proposer]:
     """A method built through the registry, as the CLI builds it."""
 
@@ -61,6 +75,9 @@ PROPOSER_CASES: list[ProposerCase] = [
     ProposerCase("ngram", _registered("ngram", ngram_min=1, ngram_max=3)),
     ProposerCase("suffix", _registered("suffix", ngram_min=1)),
     ProposerCase("hybrid", _hybrid),
+    ProposerCase("cross", _cross),
+    ProposerCase("layerskip", _registered("layerskip", skip_layers="1")),
+    ProposerCase("quantized", _registered("quantized")),
 ]
 
 

@@ -22,7 +22,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_model(vocab=VOCAB, seed=3, hidden=32, layers=2)
+    return tiny_model(vocab=VOCAB, seed=3, hidden=32, layers=3)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])

@@ -192,7 +192,7 @@ def chi_square_p_value(counts: Counter, expected_probs: dict, n: int) -> tuple[f
 @pytest.mark.parametrize("case", PROPOSER_CASES, ids=[c.name for c in PROPOSER_CASES])
 def test_engine_samples_match_plain_sampling(case):
     vocab = 4
-    target = tiny_model(vocab=vocab, seed=10, hidden=16)
+    target = tiny_model(vocab=vocab, seed=10, hidden=16, layers=3)
     params_base = dict(temperature=0.9, top_k=3, max_tokens=CONTINUATION)
     expected = exact_continuations(target, SamplingParams(**params_base), PROMPT, CONTINUATION)
     engine = Engine(target, make_proposer(case, target, seed=11), k=2)

@@ -81,16 +81,19 @@ def run_demo(args: argparse.Namespace) -> int:
     from augury.engine import Engine
     from augury.models.loader import load_model
     from augury.models.store import DEFAULT_DRAFT, DEFAULT_TARGET
-    from augury.proposers.draft_model import DraftModelProposer, check_same_vocabulary
+    from augury.proposers import DraftOptions, build_proposer
     from augury.sampling import SamplingParams
 
     target = load_model(DEFAULT_TARGET, offline=args.offline)
-    draft = load_model(DEFAULT_DRAFT, offline=args.offline)
-    check_same_vocabulary(target, draft)
+    options = DraftOptions(draft=DEFAULT_DRAFT, offline=args.offline)
+    proposer = build_proposer("model", target, options)
     ids = build_prompt_ids(target.tokenizer, args.prompt, chat=True)
     params = SamplingParams(max_tokens=args.max_tokens)
-    print(f"target {DEFAULT_TARGET}, draft {DEFAULT_DRAFT}, K={args.k}, greedy, bf16\nprompt: {args.prompt}\n")
-    spec = Engine(target, DraftModelProposer(draft, target.config.vocab_size), k=args.k).generate(
+    print(
+        f"target {DEFAULT_TARGET} (bf16), draft {DEFAULT_DRAFT} ({options.draft_quant} weights, "
+        f"stops below confidence {options.draft_confidence}), K={args.k}, greedy\nprompt: {args.prompt}\n"
+    )
+    spec = Engine(target, proposer, k=args.k).generate(
         ids, params, on_text=lambda text: (sys.stdout.write(text), sys.stdout.flush())
     )
     print("\n")

@@ -174,7 +174,7 @@ class Decoder:
         # Blocks up to this many rows (decode steps, verification, token
         # trees) attend row by row, which keeps each row's result independent
         # of its block; longer blocks (prefill) use one masked attention call.
-        self.row_attention_limit = 64 if exact else 0
+        self.row_attention_limit = 64
 
     def with_head_rows(self, rows: int) -> "Decoder":
         """The same decoder (shared weights and settings) projecting onto token ids [0, rows) only."""

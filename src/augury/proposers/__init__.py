@@ -30,8 +30,9 @@ class DraftOptions:
     suffix_corpus: str | None = None  # suffix: file that persists earlier outputs between runs
     skip_layers: str | None = None  # layerskip: "3,5,7" or a calibration file written by `augury calibrate`
     quant: str = "int8"  # quantized: weight format of the self-draft copy
-    draft_confidence: float = 0.0  # model drafters: stop drafting below this top probability (0 = never)
+    draft_confidence: float = 0.5  # model drafters: stop drafting below this top probability (0 = never)
     draft_vocab: int = 0  # model drafters: project onto the first N token ids only (0 = full vocabulary)
+    draft_quant: str = "int8"  # model drafter: weight format of the draft model ("int8" or "none")
 
 
 def _build_model(target: Model, options: DraftOptions) -> Proposer:
@@ -42,6 +43,13 @@ def _build_model(target: Model, options: DraftOptions) -> Proposer:
         raise AuguryError("--draft-method model needs --draft NAME_OR_PATH")
     draft = load_model(options.draft, dtype=options.dtype, device=options.device, offline=options.offline)
     check_same_vocabulary(target, draft)
+    if options.draft_quant == "int8":
+        from augury.proposers.quantized import quantize_decoder
+
+        draft = Model(name=draft.name, decoder=quantize_decoder(draft.decoder), tokenizer=draft.tokenizer,
+                      source=draft.source)
+    elif options.draft_quant != "none":
+        raise AuguryError(f"unknown --draft-quant '{options.draft_quant}' (choose from int8, none)")
     return DraftModelProposer(
         draft, target.config.vocab_size, confidence=options.draft_confidence, vocab_limit=options.draft_vocab
     )

@@ -81,6 +81,13 @@ class Int8Weight:
         self.fused = fused
         self.shape = weight.shape
 
+    def __getitem__(self, rows: slice) -> "Int8Weight":
+        """The first rows of the weight (a drafter's truncated output head), sharing storage."""
+        part = Int8Weight.__new__(Int8Weight)
+        part.values, part.scale, part.fused = self.values[rows], self.scale[rows], self.fused
+        part.shape = part.values.shape
+        return part
+
     def dequantize(self) -> Tensor:
         """The weight this stands for, [out, in] in the activation dtype (tests and the fallback)."""
         return self.values.to(self.scale.dtype) * self.scale[:, None]
