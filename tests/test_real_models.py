@@ -52,6 +52,23 @@ def test_real_logits_match_transformers(draft_fp32, hf_draft_fp32):
     assert rel < 1e-4, f"relative error {rel:.2e} against transformers on the real 0.5B"
 
 
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
+def test_real_small_models_match_transformers(name):
+    """llama (q/k un-permuted from llama.cpp's layout) and gemma3 (norms, sliding window) on real files."""
+    from transformers import AutoModelForCausalLM
+
+    ours = load_model(name, dtype="fp32")
+    path = resolve(name)
+    ref_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    text = "The quick brown fox jumps over the lazy dog. " * 3
+    ids = ours.tokenizer.encode(text)
+    with torch.no_grad():
+        ref = ref_model.eval()(torch.tensor([ids])).logits.float()
+    logits = ours.decoder.forward(torch.tensor([ids]), ours.decoder.new_cache(1, 256))
+    rel = float((logits - ref).abs().max() / ref.abs().max())
+    assert rel < 1e-3, f"{name}: relative error {rel:.2e} against transformers"
+
+
 def test_real_greedy_generation_matches_transformers(draft_fp32, hf_draft_fp32):
     for prompt in PROMPTS[:2]:
         ids = build_prompt_ids(draft_fp32.tokenizer, prompt, chat=True)

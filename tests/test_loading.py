@@ -1,0 +1,181 @@
+"""GGUF loading on files written here, and clear errors for bad model files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from augury.errors import AuguryError
+from augury.models.loader import load_model
+from tests.tiny import hf_model
+
+VOCAB = 96
+
+
+def _permute_for_gguf(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's q/k row order for llama (interleaved rotary), as its converter writes it."""
+    rows = w.shape[0]
+    return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_llama_gguf(path: Path, model, *, arch: str = "llama", quant=None, odd_tensor_type=None) -> Path:
+    """Write a transformers llama model as a GGUF file the way llama.cpp lays it out."""
+    import gguf
+
+    cfg = model.config
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(10000.0)
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    chars = list(bytes_to_unicode().values())[: VOCAB - 2]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(["<s>", "</s>", *chars])
+    writer.add_token_types([3, 3] + [1] * len(chars))
+    writer.add_token_merges([])
+    writer.add_token_scores([0.0] * VOCAB)
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    names = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "post_attention_layernorm.weight": "ffn_norm.weight",
+        "self_attn.q_proj.weight": "attn_q.weight",
+        "self_attn.k_proj.weight": "attn_k.weight",
+        "self_attn.v_proj.weight": "attn_v.weight",
+        "self_attn.o_proj.weight": "attn_output.weight",
+        "mlp.gate_proj.weight": "ffn_gate.weight",
+        "mlp.up_proj.weight": "ffn_up.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+    }
+
+    def add(name: str, array: np.ndarray) -> None:
+        if quant is not None and array.ndim == 2:
+            writer.add_tensor(name, gguf.quants.quantize(array, quant), raw_dtype=quant)
+        else:
+            writer.add_tensor(name, np.ascontiguousarray(array))
+
+    add("token_embd.weight", sd["model.embed_tokens.weight"])
+    add("output_norm.weight", sd["model.norm.weight"])
+    add("output.weight", sd["lm_head.weight"])
+    for i in range(cfg.num_hidden_layers):
+        for theirs, ours in names.items():
+            array = sd[f"model.layers.{i}.{theirs}"]
+            if ours == "attn_q.weight":
+                array = _permute_for_gguf(array, cfg.num_attention_heads)
+            elif ours == "attn_k.weight":
+                array = _permute_for_gguf(array, cfg.num_key_value_heads)
+            add(f"blk.{i}.{ours}", array)
+    if odd_tensor_type is not None:
+        writer.add_tensor("blk.0.extra.weight", np.zeros((1, 66), dtype=np.uint8), raw_dtype=odd_tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return hf_model("llama")
+
+
+def _logits(path: Path, tokens: torch.Tensor, tmp_path: Path, monkeypatch) -> torch.Tensor:
+    monkeypatch.setenv("AUGURY_HOME", str(tmp_path / "home"))
+    model = load_model(str(path), dtype="fp32", progress=False)
+    return model.decoder.forward(tokens, model.decoder.new_cache(1, 64))
+
+
+def test_gguf_llama_matches_transformers(llama, tmp_path, monkeypatch):
+    """Covers the GGUF path end to end, including undoing llama.cpp's q/k permutation."""
+    path = write_llama_gguf(tmp_path / "tiny.gguf", llama)
+    tokens = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
+    ours = _logits(path, tokens, tmp_path, monkeypatch)
+    with torch.no_grad():
+        ref = llama(tokens).logits.float()
+    rel = float((ours - ref).abs().max() / ref.abs().max())
+    assert rel < 1e-4, f"relative error {rel:.2e}"
+    # The second load comes from the converted-weights cache and gives the same tensors.
+    again = _logits(path, tokens, tmp_path, monkeypatch)
+    assert torch.equal(again, ours)
+    assert list((tmp_path / "home" / "converted").glob("*/weights-float32.safetensors"))
+
+
+def test_gguf_q8_0_weights_are_dequantized(llama, tmp_path, monkeypatch):
+    import gguf
+
+    path = write_llama_gguf(tmp_path / "q8.gguf", llama, quant=gguf.GGMLQuantizationType.Q8_0)
+    tokens = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(1))
+    ours = _logits(path, tokens, tmp_path, monkeypatch)
+    with torch.no_grad():
+        ref = llama(tokens).logits.float()
+    rel = float((ours - ref).abs().max() / ref.abs().max())
+    assert 0 < rel < 5e-2, f"Q8_0 logits should be close to, not equal to, fp32: relative error {rel:.2e}"
+
+
+def test_unsupported_architecture_is_named(llama, tmp_path, monkeypatch):
+    path = write_llama_gguf(tmp_path / "mamba.gguf", llama, arch="mamba")
+    monkeypatch.setenv("AUGURY_HOME", str(tmp_path / "home"))
+    with pytest.raises(AuguryError, match="unsupported architecture 'mamba'"):
+        load_model(str(path), progress=False)
+
+
+def test_unsupported_quantization_is_named(llama, tmp_path, monkeypatch):
+    import gguf
+
+    path = write_llama_gguf(tmp_path / "iq.gguf", llama, odd_tensor_type=gguf.GGMLQuantizationType.IQ2_XXS)
+    monkeypatch.setenv("AUGURY_HOME", str(tmp_path / "home"))
+    with pytest.raises(AuguryError, match="IQ2_XXS"):
+        load_model(str(path), progress=False)
+
+
+def test_truncated_and_foreign_files_are_refused(llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("AUGURY_HOME", str(tmp_path / "home"))
+    path = write_llama_gguf(tmp_path / "full.gguf", llama)
+    data = path.read_bytes()
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(AuguryError, match="truncated or corrupt"):
+        load_model(str(truncated), progress=False)
+    foreign = tmp_path / "notes.gguf"
+    foreign.write_text("hello")
+    with pytest.raises(AuguryError, match="not a GGUF file"):
+        load_model(str(foreign), progress=False)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "/nonexistent/model.gguf"], "not found"),
+        (["--model", "no-such-model"], "unknown model"),
+        (["--model", "TRUNCATED"], "truncated or corrupt"),
+    ],
+)
+def test_cli_reports_bad_models_in_one_line(args, message, llama, tmp_path):
+    path = write_llama_gguf(tmp_path / "full.gguf", llama)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(path.read_bytes()[:4000])
+    args = [str(truncated) if a == "TRUNCATED" else a for a in args]
+    proc = subprocess.run(
+        [sys.executable, "-m", "augury.cli", "generate", "hello", "--offline", *args],
+        capture_output=True,
+        text=True,
+        env={"AUGURY_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
