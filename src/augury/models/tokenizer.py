@@ -83,10 +83,6 @@ class Tokenizer:
     def vocab(self) -> dict[str, int]:
         return self.backend.get_vocab()
 
-    def signature(self) -> tuple:
-        """Equal signatures mean the same vocabulary: tokens map to the same ids."""
-        return (self.vocab_size, tuple(sorted(self.backend.get_vocab().items())[:: max(1, self.vocab_size // 4096)]))
-
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
         """Render messages with the model's own chat template (from its file)."""
         if not self.meta.chat_template:
