@@ -149,7 +149,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
         if peers:
             from augury.bench.peers import build_peers
 
-            if "hf-assisted" in peers and draft_model is None:
+            if "hf-assisted" in peers:
+                # augury's own drafter may hold int8 weights that transformers cannot run:
+                # the peer gets the draft model as stored, in the run's dtype.
                 from augury.models.loader import load_model
 
                 draft_model = load_model(options.draft, dtype=args.dtype, device=args.device, offline=args.offline)
