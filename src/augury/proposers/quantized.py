@@ -44,6 +44,9 @@ from augury.proposers.draft_model import DraftModelProposer
 QUANT_FORMATS = ("int8",)
 _LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
 _ROWS_PER_CHUNK = 8192  # quantize big matrices (lm_head) in row chunks to bound the fp32 scratch memory
+# Above this many rows (a prompt's prefill) the int8 kernel loses to the dense
+# bf16 GEMM, which is compute-bound there; decode steps stay below it.
+DENSE_ROWS = 16
 
 
 def int8_matmul_available(dtype: torch.dtype, device: torch.device) -> bool:
@@ -67,7 +70,8 @@ class Int8Weight:
     own forward runs on it unchanged.
     """
 
-    def __init__(self, weight: Tensor, *, fused: bool) -> None:
+    def __init__(self, weight: Tensor, *, fused: bool, keep_dense: bool = True) -> None:
+        self.dense = weight if keep_dense else None  # the original weight, for prefill-sized inputs
         values, scales = [], []
         for rows in weight.split(_ROWS_PER_CHUNK):
             scale = rows.abs().amax(dim=1).float() / 127.0  # abs and max are exact in any float dtype
@@ -85,6 +89,7 @@ class Int8Weight:
         """The first rows of the weight (a drafter's truncated output head), sharing storage."""
         part = Int8Weight.__new__(Int8Weight)
         part.values, part.scale, part.fused = self.values[rows], self.scale[rows], self.fused
+        part.dense = None if self.dense is None else self.dense[rows]
         part.shape = part.values.shape
         return part
 
@@ -95,6 +100,8 @@ class Int8Weight:
     def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
         """x: [..., in] -> [..., out]."""
         flat = x.reshape(-1, x.shape[-1])
+        if self.dense is not None and flat.shape[0] > DENSE_ROWS:
+            return F.linear(x, self.dense, bias)
         if self.fused:
             out = torch._weight_int8pack_mm(flat.contiguous(), self.values, self.scale)
         else:
