@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from augury.cache import KVCache
 from augury.errors import AuguryError
 from augury.metrics import SpecStats
 from augury.models.loader import Model
@@ -105,9 +104,6 @@ class Request:
         """Start the proposer (its prefill) for this sequence; the caller times prefill as a whole."""
         if self.proposer is not None:
             self.proposer.start(self.seq)
-
-    def prefill_tokens(self) -> list[int]:
-        return self.seq.tokens
 
     def take_first(self, logits: torch.Tensor) -> list[str]:
         """Sample the first token from the prefill's last logits [V]; returns text deltas."""
