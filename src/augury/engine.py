@@ -41,7 +41,6 @@ class Chunk:
     """A streamed piece of output. The last chunk has finish_reason and result set."""
 
     text: str
-    token_ids: list[int]
     finish_reason: str | None = None
     result: "GenerationResult | None" = None
 
@@ -222,12 +221,12 @@ class Engine:
         finally:
             request.close()
             request.stats.total_s = time.perf_counter() - t_start
-        yield Chunk("", [], request.finish_reason, request.result())
+        yield Chunk("", request.finish_reason, request.result())
 
     @staticmethod
     def _chunks(request: Request, deltas: list[str]) -> Iterator[Chunk]:
         for text in deltas:
-            yield Chunk(text, [])
+            yield Chunk(text)
 
     def generate(
         self, prompt_ids: list[int], params: SamplingParams, on_text: Callable[[str], None] | None = None
