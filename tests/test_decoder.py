@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.tiny import ARCHS, decoder_from_hf, hf_model, save_hf
+from augury.models.decoder import OneDnnWeight, dense_weight, onednn_packing_available, pack_weights
+from tests.tiny import ARCHS, decoder_from_hf, hf_model, random_decoder, save_hf
+
+needs_packing = pytest.mark.skipif(
+    not onednn_packing_available(torch.bfloat16, torch.device("cpu")),
+    reason="oneDNN packed bf16 linear not available on this CPU",
+)
 
 
 def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
@@ -115,13 +121,20 @@ def test_single_token_padding_is_invisible(pair):
     assert rel_err(outs[1], outs[0]) < 1e-5
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "dtype, pack",
+    [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)],
+    ids=["fp32", "bf16", "bf16-packed"],
+)
 @pytest.mark.parametrize("block", [2, 3, 5, 9])
-def test_block_logits_are_bitwise_single_step_logits(dtype, block):
+def test_block_logits_are_bitwise_single_step_logits(dtype, pack, block):
     """What makes speculative greedy output identical to plain: verifying a block gives the same bits."""
     from tests.tiny import random_decoder
 
-    model = random_decoder(vocab=50, seed=7, dtype=dtype, layers=2, hidden=128)
+    if pack and not onednn_packing_available(dtype, torch.device("cpu")):
+        pytest.skip("oneDNN packed bf16 linear not available on this CPU")
+    model = random_decoder(vocab=50, seed=7, dtype=dtype, layers=2, hidden=128, pack=pack)
+    assert isinstance(model.weights.layers[0].wqkv, OneDnnWeight) == pack
     torch.manual_seed(6)
     prefix = torch.randint(0, 50, (1, 21))
     block_tokens = torch.randint(0, 50, (1, block))
@@ -134,3 +147,43 @@ def test_block_logits_are_bitwise_single_step_logits(dtype, block):
     model.forward(prefix, cache)
     one_by_one = torch.cat([model.forward(block_tokens[:, i : i + 1], cache) for i in range(block)], dim=1)
     assert torch.equal(together, one_by_one)
+
+
+@needs_packing
+@pytest.mark.parametrize("shape", [(7, 5), (96, 32), (640, 128)])
+def test_packed_weight_rows_are_batch_invariant_and_round_trip(shape):
+    """A packed weight gives every row the same bits at any row count >= 2 (what lets server
+    batches of any size agree with single requests), equals F.linear's two-row result, and
+    gives back its dense weight bitwise."""
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(*shape, generator=gen).bfloat16()
+    packed = OneDnnWeight(weight)
+    x = torch.randn(130, shape[1], generator=gen).bfloat16()
+    bias = torch.randn(shape[0], generator=gen).bfloat16()
+    pair = torch.nn.functional.linear(x[:2], weight, bias)
+    for rows in (2, 3, 4, 8, 17, 33, 64, 130):
+        assert torch.equal(packed.linear(x[:rows], bias)[:2], pair), rows
+    assert torch.equal(packed.dense(), weight)
+    assert torch.equal(packed[2:5].dense(), weight[2:5])
+    assert packed.nbytes == weight.numel() * 2
+
+
+@needs_packing
+@pytest.mark.parametrize("arch", ARCHS)
+def test_packed_decoder_equals_plain_decoder(arch, tmp_path):
+    """Packing changes the layout, not the model: logits of blocks of >= 2 rows are bitwise those
+    of the same bf16 weights through F.linear, for each architecture."""
+    model = hf_model(arch)
+    plain = decoder_from_hf(save_hf(model, tmp_path), dtype=torch.bfloat16)
+    packed = type(plain)(plain.config, pack_weights(plain.weights))
+    tied = plain.weights.lm_head is plain.weights.embed
+    assert (packed.weights.lm_head.shared_dense is plain.weights.embed) == tied
+    assert torch.equal(dense_weight(packed.weights.layers[1].w_down), plain.weights.layers[1].w_down)
+    torch.manual_seed(4)
+    tokens = torch.randint(0, 96, (2, 11))
+    outs = []
+    for decoder in (plain, packed):
+        cache = decoder.new_cache(2, 64)
+        first = decoder.forward(tokens[:, :8], cache)
+        outs.append(torch.cat([first, decoder.forward(tokens[:, 8:], cache)], dim=1))
+    assert torch.equal(outs[0], outs[1])

@@ -320,10 +320,10 @@ def test_int8_weight_matmul_matches_its_dequantized_weight(fused):
     weight = torch.randn(48, 32, generator=gen)
     packed = Int8Weight(weight, fused=fused)
     assert packed.values.dtype == torch.int8
-    assert (packed.dequantize() - weight).abs().max() <= weight.abs().amax(1).max() / 127 / 2 + 1e-6
+    assert (packed.dense() - weight).abs().max() <= weight.abs().amax(1).max() / 127 / 2 + 1e-6
     x = torch.randn(3, 5, 32, generator=gen)
     bias = torch.randn(48, generator=gen)
-    torch.testing.assert_close(packed.linear(x, bias), x @ packed.dequantize().T + bias, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(packed.linear(x, bias), x @ packed.dense().T + bias, rtol=1e-4, atol=1e-4)
 
 
 def test_quantized_drafter_is_close_to_the_target(deep_target):

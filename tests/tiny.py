@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from augury.models.decoder import Decoder, ModelConfig
+from augury.models.decoder import Decoder, ModelConfig, onednn_packing_available, pack_weights
 from augury.models.loader import weights_from_flat
 
 ARCHS = ("llama", "qwen2", "gemma3")
@@ -75,9 +75,18 @@ def decoder_from_hf(folder: Path, dtype=torch.float32, exact: bool = True) -> De
 
 
 def random_decoder(
-    vocab: int = 8, seed: int = 0, dtype=torch.float32, layers: int = 1, hidden: int = 32, arch: str = "llama"
+    vocab: int = 8,
+    seed: int = 0,
+    dtype=torch.float32,
+    layers: int = 1,
+    hidden: int = 32,
+    arch: str = "llama",
+    pack: bool = True,
 ) -> Decoder:
-    """A very small random decoder without transformers, for engine tests (fast)."""
+    """A very small random decoder without transformers, for engine tests (fast).
+
+    pack: put bf16 matmul weights in oneDNN's packed layout where it runs, as the loader does.
+    """
     config = ModelConfig(
         arch=arch,
         vocab_size=vocab,
@@ -102,7 +111,10 @@ def random_decoder(
         flat[p + "w_gate_up"] = torch.randn(4 * hidden, hidden, generator=gen) * 0.3
         flat[p + "w_down"] = torch.randn(hidden, 2 * hidden, generator=gen) * 0.3
     flat = {k: v.to(torch.float32 if k.endswith("norm") else dtype) for k, v in flat.items()}
-    return Decoder(config, weights_from_flat(flat, config))
+    weights = weights_from_flat(flat, config)
+    if pack and onednn_packing_available(dtype, torch.device("cpu")):
+        weights = pack_weights(weights)
+    return Decoder(config, weights)
 
 
 class CharTokenizer:

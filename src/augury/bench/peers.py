@@ -34,7 +34,7 @@ import torch
 from augury.bench.runner import Messages, Outcome
 from augury.errors import AuguryError
 from augury.metrics import SpecStats
-from augury.models.decoder import ModelConfig
+from augury.models.decoder import ModelConfig, dense_weight
 from augury.models.loader import Model
 from augury.sampling import SamplingParams
 
@@ -126,6 +126,7 @@ def _hf_config(config: ModelConfig, dtype: torch.dtype):
 def _hf_state_dict(model: Model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """augury's tensors under transformers' names; fused matrices split as views."""
     config, w = model.config, model.decoder.weights
+    plain = dense_weight  # packed weights are rebuilt as plain tensors (a copy); plain ones are shared
     # gemma stores norm weights as w in x * (1 + w); augury keeps the full multiplier.
     shift = 1.0 if config.arch == "gemma3" else 0.0
 
@@ -135,18 +136,18 @@ def _hf_state_dict(model: Model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     sd = {"model.embed_tokens.weight": w.embed, "model.norm.weight": norm(w.final_norm)}
     if not config.tie_embeddings:
-        sd["lm_head.weight"] = w.lm_head
+        sd["lm_head.weight"] = plain(w.lm_head)
     for i, layer in enumerate(w.layers):
         p = f"model.layers.{i}."
-        for name, part in zip("qkv", layer.wqkv.split([q_rows, kv_rows, kv_rows])):
+        for name, part in zip("qkv", plain(layer.wqkv).split([q_rows, kv_rows, kv_rows])):
             sd[p + f"self_attn.{name}_proj.weight"] = part
         if layer.bqkv is not None:
             for name, part in zip("qkv", layer.bqkv.split([q_rows, kv_rows, kv_rows])):
                 sd[p + f"self_attn.{name}_proj.bias"] = part
-        sd[p + "self_attn.o_proj.weight"] = layer.wo
-        gate, up = layer.w_gate_up.split([config.intermediate_size, config.intermediate_size])
+        sd[p + "self_attn.o_proj.weight"] = plain(layer.wo)
+        gate, up = plain(layer.w_gate_up).split([config.intermediate_size, config.intermediate_size])
         sd.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up})
-        sd[p + "mlp.down_proj.weight"] = layer.w_down
+        sd[p + "mlp.down_proj.weight"] = plain(layer.w_down)
         sd[p + "input_layernorm.weight"] = norm(layer.attn_norm)
         if config.post_norms:
             sd[p + "post_attention_layernorm.weight"] = norm(layer.post_attn_norm)

@@ -19,11 +19,13 @@ the same bits whether it was decoded alone or verified inside a block of
 drafted tokens: speculative greedy output then equals plain greedy output
 exactly, not merely up to near-ties. The padding is free in bf16 (two rows
 cost no more than one) and is on by default; `exact=False` turns it off.
+bf16 weights packed for oneDNN (`OneDnnWeight`, what the loader uses on CPU)
+are invariant over every row count >= 2, so they need only the 2-row minimum.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -74,8 +76,13 @@ class ModelConfig:
 class PackedWeight(Protocol):
     """A weight stored in another format (e.g. int8 with per-row scales) that computes its own matmul."""
 
+    shape: torch.Size  # [out, in]
+
     def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
         """x: [..., in] -> [..., out]."""
+
+    def dense(self) -> Tensor:
+        """The [out, in] weight this stands for, as a plain tensor."""
 
 
 @dataclass
@@ -99,6 +106,88 @@ class Weights:
     final_norm: Tensor  # [hidden]
     lm_head: Tensor  # [V, hidden]; the same tensor as embed when tied
     layers: list[LayerWeights] = field(default_factory=list)
+
+
+class OneDnnWeight:
+    """A bf16 [out, in] weight reordered once into oneDNN's blocked layout for fast small-row matmuls.
+
+    Why: torch's plain `F.linear` on bf16 reaches only 20-29 GB/s of weight
+    reads for the 1-32 row matmuls of decoding and verification on the 2-core
+    development CPU (AVX-512 BF16, no AMX), while oneDNN's prepacked brgemm
+    kernel reads the same bytes at 45-70 GB/s: a decode step of the 1.5B target
+    went from 143 ms to 82 ms. The packed kernel is also batch invariant over every row count >= 2
+    (measured up to 600 rows; `F.linear` only up to 32) and gives bitwise the
+    rows `F.linear` gives for two rows, so plain decoding, verification blocks
+    and server batches of any size agree bitwise.
+
+    The dense weight is not kept (it would double memory); `dense()` rebuilds it
+    exactly (multiplying the identity by bf16 weights and accumulating in fp32 is
+    exact) for the rare users: quantizing a drafter, building a transformers
+    peer, slicing an output head. `shared_dense` keeps a tensor that is stored
+    anyway (tied embeddings) so those need no rebuild.
+    """
+
+    def __init__(self, weight: Tensor, *, shared_dense: Tensor | None = None) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
+        self.shape = weight.shape  # [out, in]
+        self.dtype = weight.dtype
+        self.shared_dense = shared_dense
+
+    def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        """x: [..., in] -> [..., out]."""
+        flat = x.reshape(-1, self.shape[1]).contiguous()
+        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, bias, "none", [], "")
+        return out.view(*x.shape[:-1], self.shape[0])
+
+    def dense(self) -> Tensor:
+        """The [out, in] weight, bitwise."""
+        if self.shared_dense is not None:
+            return self.shared_dense
+        eye = torch.eye(self.shape[1], dtype=self.dtype)
+        return self.linear(eye, None).t().contiguous()
+
+    def __getitem__(self, rows: slice) -> "OneDnnWeight":
+        """The given rows of the weight (a drafter's truncated output head), packed anew."""
+        part = self.dense()[rows]
+        return OneDnnWeight(part, shared_dense=part if self.shared_dense is not None else None)
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[0] * self.shape[1] * self.dtype.itemsize
+
+
+def onednn_packing_available(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether oneDNN's prepacked bf16 linear runs here and matches `F.linear` bitwise (checked on a small case)."""
+    if dtype != torch.bfloat16 or device.type != "cpu" or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 64, generator=gen).to(dtype)
+    x = torch.randn(2, 64, generator=gen).to(dtype)
+    try:
+        out = OneDnnWeight(weight).linear(x, None)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return torch.equal(out, F.linear(x, weight))
+
+
+def dense_weight(weight: Tensor | PackedWeight) -> Tensor:
+    """A linear weight as a plain [out, in] tensor, whatever format it is stored in."""
+    return weight if isinstance(weight, Tensor) else weight.dense()
+
+
+LINEAR_FIELDS = ("wqkv", "wo", "w_gate_up", "w_down")
+
+
+def pack_weights(weights: Weights) -> Weights:
+    """The same model with every matmul weight in oneDNN's packed layout (call where
+    `onednn_packing_available`). Embeddings, norms and biases stay plain tensors."""
+    layers = [
+        replace(layer, **{name: OneDnnWeight(getattr(layer, name)) for name in LINEAR_FIELDS})
+        for layer in weights.layers
+    ]
+    tied = weights.lm_head is weights.embed
+    head = OneDnnWeight(weights.lm_head, shared_dense=weights.embed if tied else None)
+    return Weights(embed=weights.embed, final_norm=weights.final_norm, lm_head=head, layers=layers)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

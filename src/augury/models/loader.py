@@ -19,7 +19,14 @@ from pathlib import Path
 import torch
 
 from augury.errors import AuguryError
-from augury.models.decoder import Decoder, LayerWeights, ModelConfig, Weights
+from augury.models.decoder import (
+    Decoder,
+    LayerWeights,
+    ModelConfig,
+    Weights,
+    onednn_packing_available,
+    pack_weights,
+)
 from augury.models.tokenizer import Tokenizer
 
 DTYPES = {
@@ -140,6 +147,7 @@ def load_model(
     device: str | torch.device = "cpu",
     offline: bool = False,
     exact: bool = True,
+    pack: bool = True,
     use_cache: bool = True,
     progress: bool = True,
 ) -> Model:
@@ -148,6 +156,8 @@ def load_model(
     exact: pad small forwards to the row count from which this machine's
     matmuls are batch invariant, so that speculative verification is bitwise
     equal to plain decoding (see decoder.py).
+    pack: store bf16 matmul weights in oneDNN's packed layout where that runs
+    (decode steps about 1.7x faster on the development CPU; see `OneDnnWeight`).
     """
     from augury.models.store import augury_home, resolve
 
@@ -166,7 +176,16 @@ def load_model(
         config, tokenizer, flat = _convert(source, torch_dtype, progress)
         if cached is not None:
             _save_atomic(cached, config, tokenizer, flat, torch_dtype)
+    packing = pack and onednn_packing_available(torch_dtype, torch_device)
     if torch_device.type != "cpu":
         flat = {name: t.to(torch_device) for name, t in flat.items()}
-    decoder = Decoder(config, weights_from_flat(flat, config), exact=exact)
+    elif not packing:
+        # load_file maps the file: matmuls over page-cache pages ran about 1.4x
+        # slower here than over the same bytes in the process's own memory
+        # (packing copies them there anyway).
+        flat = {name: t.clone() for name, t in flat.items()}
+    weights = weights_from_flat(flat, config)
+    if packing:
+        weights = pack_weights(weights)
+    decoder = Decoder(config, weights, exact=exact)
     return Model(name=name_or_path, decoder=decoder, tokenizer=tokenizer, source=source)

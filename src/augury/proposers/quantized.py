@@ -36,13 +36,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from augury.errors import AuguryError
-from augury.models.decoder import Decoder, Weights
+from augury.models.decoder import Decoder, LINEAR_FIELDS, PackedWeight, Weights, dense_weight, linear
 from augury.models.loader import Model
 from augury.proposers import DraftOptions
 from augury.proposers.draft_model import DraftModelProposer
 
 QUANT_FORMATS = ("int8",)
-_LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
 _ROWS_PER_CHUNK = 8192  # quantize big matrices (lm_head) in row chunks to bound the fp32 scratch memory
 # Above this many rows (a prompt's prefill) the int8 kernel loses to the dense
 # bf16 GEMM, which is compute-bound there; decode steps stay below it.
@@ -70,10 +69,11 @@ class Int8Weight:
     own forward runs on it unchanged.
     """
 
-    def __init__(self, weight: Tensor, *, fused: bool, keep_dense: bool = True) -> None:
-        self.dense = weight if keep_dense else None  # the original weight, for prefill-sized inputs
+    def __init__(self, weight: Tensor | PackedWeight, *, fused: bool, keep_original: bool = True) -> None:
+        # The original weight (shared, not copied), for prefill-sized inputs.
+        self.original = weight if keep_original else None
         values, scales = [], []
-        for rows in weight.split(_ROWS_PER_CHUNK):
+        for rows in dense_weight(weight).split(_ROWS_PER_CHUNK):
             scale = rows.abs().amax(dim=1).float() / 127.0  # abs and max are exact in any float dtype
             scale = torch.where(scale > 0, scale, torch.ones_like(scale))
             # A copy: for fp32 weights .float() would return the target's own tensor, divided in place.
@@ -89,19 +89,19 @@ class Int8Weight:
         """The first rows of the weight (a drafter's truncated output head), sharing storage."""
         part = Int8Weight.__new__(Int8Weight)
         part.values, part.scale, part.fused = self.values[rows], self.scale[rows], self.fused
-        part.dense = None if self.dense is None else self.dense[rows]
+        part.original = None if self.original is None else self.original[rows]
         part.shape = part.values.shape
         return part
 
-    def dequantize(self) -> Tensor:
+    def dense(self) -> Tensor:
         """The weight this stands for, [out, in] in the activation dtype (tests and the fallback)."""
         return self.values.to(self.scale.dtype) * self.scale[:, None]
 
     def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
         """x: [..., in] -> [..., out]."""
         flat = x.reshape(-1, x.shape[-1])
-        if self.dense is not None and flat.shape[0] > DENSE_ROWS:
-            return F.linear(x, self.dense, bias)
+        if self.original is not None and flat.shape[0] > DENSE_ROWS:
+            return linear(x, self.original, bias)
         if self.fused:
             out = torch._weight_int8pack_mm(flat.contiguous(), self.values, self.scale)
         else:
@@ -120,7 +120,7 @@ def quantize_decoder(decoder: Decoder, fused: bool | None = None) -> Decoder:
         fused = int8_matmul_available(decoder.dtype, decoder.device)
     w = decoder.weights
     layers = [
-        dataclasses.replace(layer, **{name: Int8Weight(getattr(layer, name), fused=fused) for name in _LINEARS})
+        dataclasses.replace(layer, **{name: Int8Weight(getattr(layer, name), fused=fused) for name in LINEAR_FIELDS})
         for layer in w.layers
     ]
     weights = Weights(
