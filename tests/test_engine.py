@@ -137,11 +137,38 @@ def test_statistics_add_up(target):
         (dict(top_k=-1), "top_k"),
         (dict(max_tokens=0), "max_tokens"),
         (dict(min_p=2.0), "min_p"),
+        (dict(temperature=float("nan")), "temperature must be a finite"),
+        (dict(temperature=float("inf")), "temperature must be a finite"),
+        (dict(repetition_penalty=float("inf")), "repetition_penalty must be a finite"),
     ],
 )
 def test_bad_sampling_parameters_are_refused(kwargs, message):
     with pytest.raises(AuguryError, match=message):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=1e-40),
+        dict(temperature=5e-324),
+        dict(temperature=1e300),
+        dict(temperature=1.0, repetition_penalty=1e-30),
+        dict(temperature=1e-30, repetition_penalty=1e30, frequency_penalty=2.0, top_p=1e-9, min_p=1.0),
+    ],
+)
+def test_extreme_valid_sampling_settings_still_give_a_distribution(kwargs):
+    """Overflow inside the sampling transform must never reach the sampler as inf or NaN (it crashed
+    a request before: found by the server's schema fuzz)."""
+    from augury.sampling import probabilities
+
+    params = SamplingParams(**kwargs)
+    logits = torch.tensor([[3.0, -2.0, 50.0, 0.5, 50.0], [1e30, -1e30, 0.0, 2.0, -3.0]])
+    probs = probabilities(logits, params, prompt=[0, 2], output=[2, 3], drafted=[4])
+    assert torch.isfinite(probs).all() and (probs >= 0).all()
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2))
+    if params.temperature < 1e-30 and not params.has_penalties:  # the limit T -> 0 is the argmax (ties split)
+        torch.testing.assert_close(probs, torch.tensor([[0, 0, 0.5, 0, 0.5], [1.0, 0, 0, 0, 0]]))
 
 
 @pytest.mark.parametrize("k", [0, -1, 33, 1000])

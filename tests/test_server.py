@@ -210,20 +210,25 @@ def test_unmeasured_shapes_come_from_the_fitted_line():
     assert costs.target_time(4, 5) == pytest.approx(0.030, rel=1e-6)  # 0.010 + 0.001 * rows * block
 
 
-def _run_scheduler(verify_cost) -> tuple[Scheduler, list[str], list[str]]:
-    """4 greedy requests over the tiny target drafting for itself (acceptance 1) with a given verification cost."""
+def _run_scheduler(
+    verify_cost, prompts=("one", "two words", "three of them", "four"), config=None, results=None
+) -> tuple[Scheduler, list[str], list[str]]:
+    """Greedy requests over the tiny target drafting for itself (acceptance 1) with a given verification cost."""
     target, _ = tiny_pair()
     draft = tiny_model(vocab=VOCAB, seed=0, layers=2)  # the target itself: every drafted token is accepted
     target.decoder = SlowDecoder(target.decoder, lambda tokens: verify_cost(*tokens.shape) if tokens.shape[1] <= 8
                                  else 0.0)
-    scheduler = Scheduler(target, DraftModelProposer(draft, VOCAB), SchedulerConfig(max_batch=4, k=4))
-    prompts = ["one", "two words", "three of them", "four"]
+    config = config or SchedulerConfig(max_batch=4, k=4)
+    scheduler = Scheduler(target, DraftModelProposer(draft, VOCAB), config)
     texts, done = {}, threading.Semaphore(0)
+    results = {} if results is None else results
 
     def on_event(i):
         def handle(event):
             if isinstance(event, (Finished, Failed)):
                 texts[i] = event.result.text if isinstance(event, Finished) else event
+                if isinstance(event, Finished):
+                    results[i] = event.result
                 done.release()
         return handle
 
@@ -254,6 +259,22 @@ def test_scheduler_stops_drafting_when_verification_is_expensive():
     # Warm-up tries K = 4, 3, 2, 1 once (10 drafted tokens per row); after that only plain steps.
     assert s.drafted <= 4 * 10 + 4 * 4, f"kept drafting ({s.drafted} drafted for {s.generated_tokens} tokens)"
     assert scheduler.costs.target_time(4, 1) < scheduler.costs.target_time(4, 2)
+
+
+def test_requests_served_without_drafting_never_pay_for_the_drafter():
+    """The drafter starts (prefills) on a request's first drafting step, so once the scheduler has
+    stopped drafting, newly admitted requests cost no drafter forward at all."""
+    results = {}
+    prompts = ["one", "two words", "three of them", "four", "five", "six sixes", "seven", "eight of them"]
+    config = SchedulerConfig(max_batch=4, k=4, probe_every=0)
+    scheduler, got, want = _run_scheduler(
+        lambda rows, block: 0.001 * rows * block**2, prompts=prompts, config=config, results=results
+    )
+    assert got == want
+    first_wave = [results[i].stats.draft_forwards for i in range(4)]
+    second_wave = [results[i].stats.draft_forwards for i in range(4, 8)]
+    assert all(n > 0 for n in first_wave), first_wave  # the warm-up drafted for them
+    assert second_wave == [0, 0, 0, 0]
 
 
 # -- generation through the API -----------------------------------------------------------------------

@@ -96,13 +96,24 @@ class Request:
         self.eos_ids = frozenset() if params.ignore_eos else target.tokenizer.eos_ids
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
         self._forwards_before = proposer.forwards if proposer is not None else 0
+        self.started = False  # proposer.start has run for this sequence
+        self.start_s = 0.0  # seconds the latest propose spent starting the proposer
 
     # -- the step, split for batching --------------------------------------------------
 
-    def start(self) -> None:
-        """Start the proposer (its prefill) for this sequence; the caller times prefill as a whole."""
-        if self.proposer is not None:
-            self.proposer.start(self.seq)
+    def start(self) -> float:
+        """Start the proposer for this sequence (a draft model prefills the sequence so far), once.
+
+        Returns the seconds it took (0 if it had started). `propose` starts it
+        on the first step that drafts, so a server that decides not to draft
+        for a request never pays the drafter's prefill.
+        """
+        if self.proposer is None or self.started:
+            return 0.0
+        t0 = time.perf_counter()
+        self.proposer.start(self.seq)
+        self.started = True
+        return time.perf_counter() - t0
 
     def take_first(self, logits: torch.Tensor) -> list[str]:
         """Sample the first token from the prefill's last logits [V]; returns text deltas."""
@@ -115,10 +126,12 @@ class Request:
         """Draft, and return the block to feed the target: [last committed] + draft."""
         remaining = self.params.max_tokens - len(self.seq.output)
         k = min(self.k, remaining - 1) if self.proposer is not None else 0
+        self.start_s = 0.0
         if k > 0:
+            self.start_s = self.start()
             t0 = time.perf_counter()
             self.draft = self.proposer.propose(self.seq, k)
-            self.stats.draft_s += time.perf_counter() - t0
+            self.stats.draft_s += time.perf_counter() - t0 + self.start_s
         else:
             self.draft = Draft([])
         return [self.last, *self.draft.tokens]

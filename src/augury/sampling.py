@@ -10,6 +10,7 @@ the penalties exactly as plain decoding would see it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -50,7 +51,11 @@ class SamplingParams:
 
 def validate(params: SamplingParams) -> None:
     """Raise AuguryError naming the first out-of-range parameter."""
-    if not isinstance(params.temperature, (int, float)) or params.temperature < 0:
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+        value = getattr(params, name)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise AuguryError(f"{name} must be a finite number, got {value}")
+    if params.temperature < 0:
         raise AuguryError(f"temperature must be >= 0, got {params.temperature}")
     if not isinstance(params.top_k, int) or params.top_k < 0:
         raise AuguryError(f"top_k must be an integer >= 0 (0 = off), got {params.top_k}")
@@ -115,7 +120,14 @@ def probabilities(
     logits = apply_penalties(logits.float(), params, prompt or [], output or [], drafted or [])
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    # Extreme but valid settings (a temperature of 1e-40, a repetition penalty of
+    # 1e-30) overflow to inf, and inf - inf is NaN. Clamped to finite values and
+    # shifted so the largest is 0, every logit divides to 0 or below: the
+    # softmax stays a distribution (tending to argmax as the temperature -> 0).
+    info = torch.finfo(logits.dtype)
+    logits = logits.clamp(-info.max, info.max)
+    temperature = max(params.temperature, info.tiny)  # below that it rounds to 0 in fp32, and 0 / 0 is NaN
+    logits = (logits - logits.max(-1, keepdim=True).values) / temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -44,7 +44,9 @@ tokens per second, from measured costs:
   position is modelled as independent with probability a_r.
 
 K = 0 is plain decoding, so whenever drafting does not pay the scheduler stops
-drafting. Its first k_max + 1 steps try every K once (K_max down to 0), so the
+drafting. A request's drafter starts (a draft model prefills the sequence)
+only on the first step that drafts for it, so requests served while drafting
+does not pay never cost drafter time; that one-off start is kept out of d. Its first k_max + 1 steps try every K once (K_max down to 0), so the
 line is fitted from real spread from the start; afterwards every `probe_every`
 steps it tries a K in turn (round robin), so the estimates of shapes it is not
 using stay current. Seeded sampled requests
@@ -395,7 +397,8 @@ class Scheduler:
         row = len(self._running)
         self._running.append(ticket)
         try:
-            request.start()
+            # The proposer starts (and a draft model prefills) on the first
+            # step that drafts for this request: under load it may never.
             view = self.pool.rows(row, row + 1)
             view.lengths = [0]
             decoder = self.target.decoder
@@ -442,7 +445,16 @@ class Scheduler:
         elif self.config.probe_every and self._steps % self.config.probe_every == 0:
             probe = (self._steps // self.config.probe_every) % (self.k_max + 1)
         if probe is not None:
-            return [min(f if f is not None else probe, cap) for f, cap in zip(fixed, caps)]
+            # A probe is a measurement, not a decision: it drafts only where the
+            # drafter is already running (plus one new sequence if none is),
+            # so it never sets off a burst of drafter prefills.
+            started = [r.started for r in requests]
+            if probe and not any(started):
+                started[0] = True
+            return [
+                min(f if f is not None else (probe if on else 0), cap)
+                for f, cap, on in zip(fixed, caps, started)
+            ]
         return plan_step(self.costs, [self._alpha(r) for r in requests], caps, fixed, self.k_max)
 
     def _step(self) -> None:
@@ -460,6 +472,8 @@ class Scheduler:
         if not self._running:
             return
         draft_s = time.perf_counter() - t0
+        # A drafter's one-off start (its prefill of the sequence) is not a cost per drafted token.
+        start_s = sum(t.request.start_s for t in self._running)
         drafted = sum(len(blocks[t.id]) - 1 for t in self._running)
 
         running = list(self._running)
@@ -501,7 +515,7 @@ class Scheduler:
         verify_s = time.perf_counter() - t1
         self.costs.observe_target(len(running), width, verify_s)
         if drafted:
-            self.costs.observe_draft(drafted, draft_s)
+            self.costs.observe_draft(drafted, draft_s - start_s)
         self.stats.steps += 1
         self.stats.draft_s += draft_s
         self.stats.verify_s += verify_s
