@@ -393,3 +393,49 @@ def test_calibration_search_on_a_tiny_model(deep_target):
     proposer = build_proposer("layerskip", deep_target, DraftOptions(skip_layers="1"))
     stats = Engine(deep_target, proposer, k=2).generate(PROMPTS[0], SamplingParams(max_tokens=12)).stats
     assert (stats.steps, stats.drafted, stats.accepted) == (steps, drafted, accepted)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_batched_drafting_equals_drafting_one_sequence_at_a_time(temperature):
+    """One drafter forward per position for several sequences (ragged catch-ups, early stops,
+    different lengths) gives each sequence the draft it gets alone."""
+    from augury.proposers.base import Sequence
+    from augury.proposers.draft_model import DraftModelProposer
+
+    draft = tiny_model(vocab=40, seed=5, layers=2, hidden=64)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]
+    ks = [4, 2, 0, 3]
+
+    def run(batched: bool):
+        proposer = DraftModelProposer(draft, 40, confidence=0.05 if temperature == 0 else 0.0)
+        seqs = []
+        for i, prompt in enumerate(prompts):
+            params = SamplingParams(temperature=temperature, seed=i, max_tokens=20)
+            seq = Sequence(list(prompt), params, generator=torch.Generator().manual_seed(i))
+            proposer.start(seq)
+            seqs.append(seq)
+        rounds = []
+        for step in range(4):
+            if batched:
+                drafts = proposer.propose_batch(seqs, ks)
+            else:
+                drafts = [proposer.propose(seq, k) for seq, k in zip(seqs, ks)]
+            rounds.append(drafts)
+            for i, (seq, d) in enumerate(zip(seqs, drafts)):
+                # Accept a varying prefix (sometimes all: the drafter then has two tokens to catch up
+                # on, the others one), then one token of the target's.
+                accepted = min(len(d), (step + i) % 3 + 1)
+                seq.tokens += d.tokens[:accepted] + [(step * 7 + i) % 40]
+                if len(d):
+                    proposer.on_verified(seq, len(d), accepted)
+        return rounds, proposer.forwards
+
+    alone, forwards_alone = run(False)
+    together, forwards_together = run(True)
+    for drafts_alone, drafts_together in zip(alone, together):
+        for a, b in zip(drafts_alone, drafts_together):
+            assert a.tokens == b.tokens
+            if temperature:
+                torch.testing.assert_close(a.q_draft, b.q_draft)
+    assert any(len(d) > 1 for step in together for d in step)
+    assert forwards_together < forwards_alone

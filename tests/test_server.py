@@ -29,7 +29,7 @@ from augury.engine import Engine
 from augury.errors import AuguryError
 from augury.proposers.draft_model import DraftModelProposer
 from augury.sampling import SamplingParams
-from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig, StepCosts, expected_tokens, plan_step
+from augury.scheduler import DraftOdds, DraftTally, Failed, Finished, Scheduler, SchedulerConfig, StepCosts, plan_step
 from augury.server import ServerConfig, create_app
 from tests.tiny import CharTokenizer, tiny_model
 
@@ -157,10 +157,30 @@ def wait_until(condition, timeout: float = 5.0, message: str = "") -> float:
 # -- the cost model ------------------------------------------------------------------------------
 
 
+def _odds(alpha: float, n: int) -> list[DraftOdds]:
+    return [DraftOdds.independent(alpha, 8)] * n
+
+
 def test_expected_tokens_counts_the_extra_token():
-    assert expected_tokens(0.0, 4) == 1.0
-    assert expected_tokens(1.0, 4) == 5.0
-    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert DraftOdds.independent(0.0, 4).tokens(4) == 1.0
+    assert DraftOdds.independent(1.0, 4).tokens(4) == 5.0
+    assert DraftOdds.independent(0.5, 4).tokens(2) == pytest.approx(1.75)
+    stopping = DraftOdds.independent(1.0, 4, continue_rate=0.5)
+    assert stopping.tokens(3) == pytest.approx(1 + 1 + 0.5 + 0.25) and stopping.drafted(3) == pytest.approx(1.75)
+
+
+def test_tally_measures_reach_and_acceptance_per_position():
+    """Correlated acceptance: drafts either hold all the way or fail at once. The tally's odds see
+    that (accepting 3 of 3 is as likely as 1 of 1), where one independent rate would not."""
+    tally = DraftTally(4)
+    for step in range(400):
+        tally.record_draft(4, 3)  # a confident drafter allowed 4 stops after 3
+        tally.record_verified(3 if step % 2 else 0)
+    odds = tally.odds()
+    assert odds.reach[:3] == pytest.approx([1.0] * 3) and odds.reach[3] == pytest.approx(4 / 404)
+    assert odds.accept[:3] == pytest.approx([0.5] * 3, abs=0.01)
+    assert odds.tokens(4) == pytest.approx(1 + 3 * 0.5, abs=0.03)
+    assert odds.drafted(4) == pytest.approx(3.0, abs=0.02)
 
 
 def _costs(per_row_token: float, base: float = 0.010) -> StepCosts:
@@ -172,33 +192,53 @@ def _costs(per_row_token: float, base: float = 0.010) -> StepCosts:
 
 
 def test_plan_drafts_fully_when_verification_is_free():
-    ks = plan_step(_costs(0.0), alphas=[0.8] * 4, caps=[10] * 4, fixed=[None] * 4, k_max=4)
+    ks = plan_step(_costs(0.0), _odds(0.8, 4), caps=[10] * 4, fixed=[None] * 4, k_max=4)
     assert ks == [4] * 4
 
 
 def test_plan_stops_drafting_when_a_big_batch_makes_verification_expensive():
     """16 rows, each drafted token costs as much target time as a whole small step: plain wins."""
     costs = _costs(0.010)
-    assert plan_step(costs, [0.6] * 16, [10] * 16, [None] * 16, k_max=4) == [0] * 16
+    assert plan_step(costs, _odds(0.6, 16), [10] * 16, [None] * 16, k_max=4) == [0] * 16
     # The same costs with one sequence: verification is cheap relative to the base, drafting pays.
-    assert plan_step(_costs(0.0005), [0.9], [10], [None], k_max=4) == [4]
+    assert plan_step(_costs(0.0005), _odds(0.9, 1), [10], [None], k_max=4) == [4]
 
 
 def test_plan_uses_acceptance_and_drafting_cost():
     costs = _costs(0.0)
-    costs.observe_draft(4, 4 * 0.001)  # drafting a token costs a tenth of a (free-to-verify) target step
+    costs.observe_draft(1, 4, 4 * 0.001)  # drafting a token costs a tenth of a (free-to-verify) target step
     # Plain: 2 tokens / 10 ms. alpha 0.05 gains ~0.05 tokens per 1 ms drafted token: a loss.
-    assert plan_step(costs, [0.05] * 2, [10] * 2, [None] * 2, k_max=4) == [0, 0]
-    assert plan_step(costs, [0.99] * 2, [10] * 2, [None] * 2, k_max=4) == [4, 4]  # 9.8 tokens / 18 ms
-    middle = plan_step(costs, [0.5] * 2, [10] * 2, [None] * 2, k_max=4)  # K=1: 3 / 12 ms beats K=4: 3.9 / 18 ms
+    assert plan_step(costs, _odds(0.05, 2), [10] * 2, [None] * 2, k_max=4) == [0, 0]
+    assert plan_step(costs, _odds(0.99, 2), [10] * 2, [None] * 2, k_max=4) == [4, 4]  # 9.8 tokens / 18 ms
+    middle = plan_step(costs, _odds(0.5, 2), [10] * 2, [None] * 2, k_max=4)  # K=1: 3 / 12 ms beats K=4: 3.9 / 18 ms
     assert middle[0] == middle[1] and 0 < middle[0] < 4
     costs = _costs(0.0)
-    costs.observe_draft(4, 4 * 0.008)  # drafting a token costs 80% of a step: never worth it
-    assert plan_step(costs, [0.99] * 2, [10] * 2, [None] * 2, k_max=4) == [0, 0]
+    costs.observe_draft(1, 4, 4 * 0.008)  # drafting a token costs 80% of a step: never worth it
+    assert plan_step(costs, _odds(0.99, 2), [10] * 2, [None] * 2, k_max=4) == [0, 0]
+
+
+def test_plan_counts_batched_drafting_rounds_not_tokens():
+    """8 sequences, one drafting round costs 6 ms whatever the rows: batched drafting pays (4 rounds
+    for 8 drafts), drafting one sequence at a time (32 rounds) does not."""
+    costs = _costs(0.0002, base=0.050)
+    for rows in (1, 8):
+        costs.observe_draft(rows, 4, 4 * 0.006)
+    assert plan_step(costs, _odds(0.8, 8), [10] * 8, [None] * 8, k_max=4, batched=False) == [0] * 8
+    assert plan_step(costs, _odds(0.8, 8), [10] * 8, [None] * 8, k_max=4, batched=True) == [4] * 8
+
+
+def test_plan_drafts_long_when_acceptance_is_correlated():
+    """Measured odds where drafts hold or fail as a whole make K=4 the best plan; one independent
+    rate with the same single-token acceptance (0.6) would stop at K=1."""
+    costs = _costs(0.0, base=0.095)
+    costs.observe_draft(1, 4, 4 * 0.029)
+    correlated = DraftOdds(reach=(1.0,) * 4, accept=(0.6, 0.58, 0.56, 0.55))
+    assert plan_step(costs, [correlated], [10], [None], k_max=4) == [4]
+    assert plan_step(costs, _odds(0.6, 1), [10], [None], k_max=4) == [1]
 
 
 def test_plan_respects_caps_and_fixed_lengths():
-    ks = plan_step(_costs(0.0), [0.9, 0.9, 0.9], caps=[0, 2, 10], fixed=[None, None, 3], k_max=4)
+    ks = plan_step(_costs(0.0), _odds(0.9, 3), caps=[0, 2, 10], fixed=[None, None, 3], k_max=4)
     assert ks == [0, 2, 3]
 
 

@@ -58,6 +58,10 @@ class KVCache:
             keys[b, :, start : start + t] = k_new[b]
             values[b, :, start : start + t] = v_new[b]
 
+    def row_kv(self, layer: int, b: int) -> tuple[Tensor, Tensor]:
+        """Sequence b's keys and values of one layer: two [1, H_kv, max_len, D] views."""
+        return self.keys[layer][b : b + 1], self.values[layer][b : b + 1]
+
     def view(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
         """The first `length` slots of every sequence: two [B, H_kv, length, D] views."""
         return self.keys[layer][:, :, :length], self.values[layer][:, :, :length]
@@ -113,3 +117,52 @@ class KVCache:
         longest = max(self.lengths) + n
         if longest > self.max_len:
             raise ValueError(f"KV cache full: need {longest} slots, have {self.max_len}")
+
+
+class CacheGroup:
+    """Single-sequence caches of different sizes run as one batch, without copying them.
+
+    A drafter keeps one cache per sequence (sequences come and go at any time);
+    to draft for several sequences in one forward it groups their caches. The
+    decoder sees the same interface as `KVCache` for blocks it attends row by
+    row (up to its row-attention limit), which is all a drafter feeds in a batch.
+    """
+
+    def __init__(self, caches: list[KVCache]) -> None:
+        if any(c.batch_size != 1 for c in caches):
+            raise ValueError("a cache group is made of single-sequence caches")
+        self.caches = caches
+        self.max_len = min(c.max_len for c in caches)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [c.lengths[0] for c in self.caches]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.caches)
+
+    def write(self, layer: int, k_new: Tensor, v_new: Tensor) -> None:
+        """k_new, v_new: [B, H_kv, T, D], row b into cache b."""
+        for b, cache in enumerate(self.caches):
+            cache.write(layer, k_new[b : b + 1], v_new[b : b + 1])
+
+    def row_kv(self, layer: int, b: int) -> tuple[Tensor, Tensor]:
+        return self.caches[b].row_kv(layer, 0)
+
+    def view(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
+        raise ValueError("a cache group serves only blocks attended row by row; feed long blocks one sequence at a time")
+
+    def advance(self, n: int) -> None:
+        for cache in self.caches:
+            cache.advance(n)
+
+    def truncate(self, lengths: list[int] | int) -> None:
+        if isinstance(lengths, int):
+            lengths = [lengths] * self.batch_size
+        for cache, length in zip(self.caches, lengths):
+            cache.truncate([length])
+
+    def check_room(self, n: int) -> None:
+        for cache in self.caches:
+            cache.check_room(n)

@@ -97,14 +97,13 @@ class Request:
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
         self._forwards_before = proposer.forwards if proposer is not None else 0
         self.started = False  # proposer.start has run for this sequence
-        self.start_s = 0.0  # seconds the latest propose spent starting the proposer
 
     # -- the step, split for batching --------------------------------------------------
 
     def start(self) -> float:
         """Start the proposer for this sequence (a draft model prefills the sequence so far), once.
 
-        Returns the seconds it took (0 if it had started). `propose` starts it
+        Returns the seconds it took (0 if it had started). Drafting starts it
         on the first step that drafts, so a server that decides not to draft
         for a request never pays the drafter's prefill.
         """
@@ -122,19 +121,27 @@ class Request:
         token = int(probs[0].argmax()) if self.params.greedy else int(sample(probs, self.seq.generator)[0])
         return self._commit([token])
 
+    def draft_length(self) -> int:
+        """How many tokens to draft this step: k, less near max_tokens (0: plain step)."""
+        if self.proposer is None:
+            return 0
+        return max(0, min(self.k, self.params.max_tokens - len(self.seq.output) - 1))
+
+    def take_draft(self, draft: Draft) -> list[int]:
+        """Adopt this step's draft; returns the block to feed the target: [last committed] + draft."""
+        self.draft = draft
+        return [self.last, *draft.tokens]
+
     def propose(self) -> list[int]:
-        """Draft, and return the block to feed the target: [last committed] + draft."""
-        remaining = self.params.max_tokens - len(self.seq.output)
-        k = min(self.k, remaining - 1) if self.proposer is not None else 0
-        self.start_s = 0.0
+        """Draft alone (see `take_draft`); a batching caller drafts for many requests at once instead."""
+        draft = Draft([])
+        k = self.draft_length()
         if k > 0:
-            self.start_s = self.start()
             t0 = time.perf_counter()
-            self.draft = self.proposer.propose(self.seq, k)
-            self.stats.draft_s += time.perf_counter() - t0 + self.start_s
-        else:
-            self.draft = Draft([])
-        return [self.last, *self.draft.tokens]
+            self.start()
+            draft = self.proposer.propose(self.seq, k)
+            self.stats.draft_s += time.perf_counter() - t0
+        return self.take_draft(draft)
 
     def finish_step(self, logits: torch.Tensor) -> tuple[VerifyResult, list[str]]:
         """Verify the draft against the target's logits [K + 1, V]; commit; return text deltas.

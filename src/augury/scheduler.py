@@ -27,8 +27,8 @@ drafted token costs real target time (plus the drafter's own time). Before
 each step the scheduler picks the draft length K that maximizes expected
 tokens per second, from measured costs:
 
-    rate(K) = sum_r E_r(k_r) / (t_target(n, 1 + max_r k_r) + d * sum_r k_r)
-    E_r(k)  = 1 + a_r + a_r^2 + ... + a_r^k     (accepted prefix + the recovered/bonus token)
+    rate(K) = sum_r E_r(k_r) / (t_target(n, 1 + max_r k_r) + t_draft(K))
+    E_r(k)  = 1 + sum_{i<k} reach[i] * accept_r[i]   (accepted prefix + the target's token)
     k_r     = min(K, tokens request r may still draft)
 
 - t_target(rows, T): seconds of one verification step (the batched target
@@ -38,19 +38,30 @@ tokens per second, from measured costs:
   (the work is mostly proportional to the rows the matmuls see). With too
   little data the line is flat, i.e. verification looks free, so the
   scheduler drafts and learns.
-- d: drafting seconds per drafted token (drafters run per sequence), averaged.
-- a_r: request r's acceptance rate, accepted / drafted, shrunk towards the
-  server-wide rate for requests with little history. Acceptance at each
-  position is modelled as independent with probability a_r.
+- t_draft(K): drafting rounds times the measured seconds of one round. A
+  drafter that batches (a draft model) runs one forward per drafted position
+  for all m drafting sequences: max_r k_r rounds of t_round(m), measured per m
+  the same way as t_target (a forward over a few rows costs about one row's).
+  Others draft one sequence at a time: sum_r D(k_r) rounds of t_round(1).
+- reach[i], accept[i] (`DraftOdds`): measured server-wide per drafted
+  position: how often the drafter drafts at least i + 1 tokens when allowed
+  (a confident-drafting drafter stops early when it doubts), and how often
+  the first i + 1 are then all accepted; D(k) = sum_{i<k} reach[i] tokens are
+  drafted. Per position, because acceptance is strongly correlated along a
+  draft (one independent rate badly underestimates long drafts). A request's
+  accept_r is the server's scaled by its own acceptance rate over the server's,
+  shrunk towards the server's for requests with little history.
 
 K = 0 is plain decoding, so whenever drafting does not pay the scheduler stops
 drafting. A request's drafter starts (a draft model prefills the sequence)
 only on the first step that drafts for it, so requests served while drafting
-does not pay never cost drafter time; that one-off start is kept out of d. Its first k_max + 1 steps try every K once (K_max down to 0), so the
-line is fitted from real spread from the start; afterwards every `probe_every`
-steps it tries a K in turn (round robin), so the estimates of shapes it is not
-using stay current. Seeded sampled requests
-always draft the configured K: with a seed the output must not depend on load.
+does not pay cost no drafter time; that one-off start is kept out of t_round.
+The first k_max + 1 steps try every K once (K_max down to 0), so the line is
+fitted from real spread from the start; afterwards every `probe_every` steps
+it tries a K in turn (round robin), drafting only where a drafter already
+runs, so the estimates of shapes it is not using stay current. Seeded sampled
+requests always draft the configured K, alone: with a seed the output must
+not depend on load.
 """
 
 from __future__ import annotations
@@ -68,7 +79,7 @@ import torch
 from augury.errors import AuguryError
 from augury.engine import GenerationResult, Request, check_k
 from augury.models.loader import Model
-from augury.proposers.base import Proposer
+from augury.proposers.base import Draft, Proposer, batches, propose_batch
 from augury.sampling import SamplingParams
 
 log = logging.getLogger("augury.scheduler")
@@ -119,7 +130,7 @@ class SchedulerConfig:
     kv_budget_tokens: int | None = None  # KV slots in the pool; None: max_batch * min(context, 4096)
     k: int = 4  # the largest draft length; the scheduler may use less
     adaptive_k: bool = True
-    probe_every: int = 32
+    probe_every: int = 8
 
     def seq_capacity(self, context_length: int) -> int:
         """Tokens (prompt + output) one sequence may hold: its row of the pool."""
@@ -182,26 +193,33 @@ class SchedulerStats:
 # -- the cost model -------------------------------------------------------------------------
 
 
-class StepCosts:
-    """Running estimates of what a step costs, from measured steps (see the module doc)."""
+class ShapeCosts:
+    """Seconds of one kind of forward by shape, from measurements (see the module doc).
+
+    A running average per shape once that shape has been seen a few times;
+    before that a discounted least-squares line t = a + b * size over every
+    observation (one sample of a shape, often a warm-up step that also paid
+    for first-touch memory, is too noisy to plan on alone).
+    """
+
+    MIN_SAMPLES = 3
 
     def __init__(self, decay: float = 0.8, forget: float = 0.97) -> None:
         self.decay = decay  # weight of the old value in the running averages
         self.forget = forget  # per-observation discount in the least-squares line
-        self.target: dict[tuple[int, int], float] = {}
+        self.by_shape: dict[object, float] = {}
+        self.samples: collections.Counter = collections.Counter()
         self._sums = [0.0] * 5  # discounted sums of w, w*n, w*n^2, w*t, w*n*t
-        self.draft_per_token: float = 0.0
 
-    def observe_target(self, rows: int, block: int, seconds: float) -> None:
-        key = (rows, block)
-        old = self.target.get(key)
-        self.target[key] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
-        n = rows * block
-        new = (1.0, n, n * n, seconds, n * seconds)
+    def observe(self, shape: object, size: float, seconds: float) -> None:
+        old = self.by_shape.get(shape)
+        self.by_shape[shape] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        self.samples[shape] += 1
+        new = (1.0, size, size * size, seconds, size * seconds)
         self._sums = [self.forget * s + x for s, x in zip(self._sums, new)]
 
     def line(self) -> tuple[float, float]:
-        """(a, b) of t = a + b * rows * block; b = 0 until steps of different sizes were seen."""
+        """(a, b) of t = a + b * size; b = 0 until observations of different sizes were seen."""
         w, sn, snn, st, snt = self._sums
         if w == 0.0:
             return 0.0, 0.0
@@ -211,36 +229,130 @@ class StepCosts:
         a = max((st - b * sn) / w, 0.0)
         return a, b
 
-    def target_time(self, rows: int, block: int) -> float:
-        measured = self.target.get((rows, block))
-        if measured is not None:
-            return measured
+    def time(self, shape: object, size: float) -> float:
+        if self.samples[shape] >= self.MIN_SAMPLES:
+            return self.by_shape[shape]
         a, b = self.line()
-        return a + b * rows * block
-
-    def observe_draft(self, tokens: int, seconds: float) -> None:
-        per_token = seconds / tokens
-        old = self.draft_per_token
-        self.draft_per_token = per_token if old == 0.0 else self.decay * old + (1 - self.decay) * per_token
+        return a + b * size
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens one verification commits with k drafted tokens accepted independently with rate alpha."""
-    return sum(alpha**i for i in range(k + 1))
+class StepCosts:
+    """What a step costs: the batched target forward by (rows, block), and one drafting round
+    (one drafter forward for the sequences drafting together) by how many sequences it serves."""
+
+    def __init__(self) -> None:
+        self.target = ShapeCosts()
+        self.draft = ShapeCosts()
+
+    def observe_target(self, rows: int, block: int, seconds: float) -> None:
+        self.target.observe((rows, block), rows * block, seconds)
+
+    def target_time(self, rows: int, block: int) -> float:
+        return self.target.time((rows, block), rows * block)
+
+    def observe_draft(self, rows: int, rounds: int, seconds: float) -> None:
+        """`rounds` drafting rounds over `rows` sequences each took `seconds` in all."""
+        self.draft.observe(rows, rows, seconds / rounds)
+
+    def draft_round_time(self, rows: int) -> float:
+        return self.draft.time(rows, rows)
 
 
-def plan_step(costs: StepCosts, alphas: list[float], caps: list[int], fixed: list[int | None], k_max: int) -> list[int]:
+@dataclass(frozen=True)
+class DraftOdds:
+    """What drafting delivers, per drafted position i (0-based), as measured.
+
+    reach[i]: probability the drafter drafts at least i + 1 tokens when allowed
+    more than i (a confident-drafting drafter stops early when it doubts).
+    accept[i]: probability the first i + 1 drafted tokens are all accepted,
+    given at least i + 1 were drafted. Measured per position rather than
+    derived from one acceptance rate: acceptance is strongly correlated along a
+    draft (a drafter on a roll stays right), which a single independent rate
+    badly underestimates for long drafts.
+    """
+
+    reach: tuple[float, ...]
+    accept: tuple[float, ...]
+
+    @classmethod
+    def independent(cls, alpha: float, k_max: int, continue_rate: float = 1.0) -> "DraftOdds":
+        """Each drafted token accepted with rate alpha independently (the prior before measurements)."""
+        return cls(
+            tuple(continue_rate**i for i in range(k_max)), tuple(alpha ** (i + 1) for i in range(k_max))
+        )
+
+    def tokens(self, k: int) -> float:
+        """Expected tokens one verification commits with k allowed: accepted prefix + the target's own."""
+        return 1.0 + sum(r * a for r, a in zip(self.reach[:k], self.accept[:k]))
+
+    def drafted(self, k: int) -> float:
+        """Expected tokens drafted with k allowed."""
+        return sum(self.reach[:k])
+
+    def scaled(self, factor: float) -> "DraftOdds":
+        """The same odds with acceptance scaled (a request accepting more or less than the server's mean)."""
+        return DraftOdds(self.reach, tuple(min(1.0, a * factor) for a in self.accept))
+
+
+class DraftTally:
+    """Server-wide per-position counts behind `DraftOdds`, with a prior for positions rarely seen."""
+
+    PRIOR_ALPHA = 0.7  # acceptance assumed before anything was measured
+    PRIOR_WEIGHT = 4.0  # observations' worth of trust in the prior
+
+    def __init__(self, k_max: int) -> None:
+        self.allowed = [0] * k_max  # steps that allowed at least i + 1 tokens
+        self.drafted = [0] * k_max  # steps that drafted at least i + 1
+        self.accepted = [0] * k_max  # steps whose first i + 1 drafted tokens were all accepted
+
+    def record_draft(self, allowed: int, drafted: int) -> None:
+        for i in range(allowed):
+            self.allowed[i] += 1
+        for i in range(drafted):
+            self.drafted[i] += 1
+
+    def record_verified(self, accepted: int) -> None:
+        for i in range(accepted):
+            self.accepted[i] += 1
+
+    def odds(self) -> DraftOdds:
+        w = self.PRIOR_WEIGHT
+        reach = tuple((d + w) / (n + w) for d, n in zip(self.drafted, self.allowed))
+        accept = tuple(
+            (a + w * self.PRIOR_ALPHA ** (i + 1)) / (d + w) for i, (a, d) in enumerate(zip(self.accepted, self.drafted))
+        )
+        return DraftOdds(reach, accept)
+
+
+def plan_step(
+    costs: StepCosts,
+    odds: list[DraftOdds],
+    caps: list[int],
+    fixed: list[int | None],
+    k_max: int,
+    *,
+    batched: bool = False,
+) -> list[int]:
     """Per-sequence draft lengths for one step: the common K that maximizes expected tokens per second.
 
-    alphas: acceptance estimate per sequence; caps: most tokens each may draft
-    now; fixed: a draft length a sequence must use (seeded sampling) or None.
+    odds: what drafting delivers for each sequence; caps: most tokens each may
+    draft now; fixed: a draft length a sequence must use (seeded sampling) or
+    None. batched: the drafter serves all drafting sequences in one forward per
+    round (rounds = the longest draft), rather than one sequence at a time.
     """
-    rows = len(alphas)
+    rows = len(odds)
     best, best_rate = [0] * rows, -1.0
     for k in range(k_max + 1):
         ks = [min(f if f is not None else k, cap) for f, cap in zip(fixed, caps)]
-        tokens = sum(expected_tokens(a, kr) for a, kr in zip(alphas, ks))
-        seconds = costs.target_time(rows, 1 + max(ks)) + costs.draft_per_token * sum(ks)
+        tokens = sum(o.tokens(kr) for o, kr in zip(odds, ks))
+        drafting = [(o, kr) for o, kr in zip(odds, ks) if kr > 0]
+        if not drafting:
+            draft_s = 0.0
+        elif batched and len(drafting) > 1:
+            draft_s = max(kr for _, kr in drafting) * costs.draft_round_time(len(drafting))
+        else:
+            draft_s = sum(o.drafted(kr) for o, kr in drafting) * costs.draft_round_time(1)
+        seconds = costs.target_time(rows, 1 + max(ks)) + draft_s
         rate = tokens / max(seconds, 1e-9)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = ks, rate
@@ -253,8 +365,8 @@ def plan_step(costs: StepCosts, alphas: list[float], caps: list[int], fixed: lis
 class Scheduler:
     """Continuous batching over one target model and an optional proposer (see the module doc)."""
 
-    PRIOR_ALPHA = 0.7  # acceptance assumed before any request was measured
-    PRIOR_WEIGHT = 4.0  # drafted tokens' worth of trust in the server-wide rate
+    PRIOR_ALPHA = DraftTally.PRIOR_ALPHA  # acceptance assumed before any request was measured
+    PRIOR_WEIGHT = DraftTally.PRIOR_WEIGHT  # drafted tokens' worth of trust in the server-wide rate
 
     def __init__(self, target: Model, proposer: Proposer | None, config: SchedulerConfig) -> None:
         if config.max_batch < 1:
@@ -265,6 +377,8 @@ class Scheduler:
         self.proposer = proposer
         self.config = config
         self.k_max = check_k(config.k) if proposer is not None else 0
+        self.batched = proposer is not None and batches(proposer)
+        self.tally = DraftTally(self.k_max)
         self.capacity = config.seq_capacity(target.config.context_length)
         if self.capacity < 16:
             raise AuguryError(
@@ -455,26 +569,22 @@ class Scheduler:
                 min(f if f is not None else (probe if on else 0), cap)
                 for f, cap, on in zip(fixed, caps, started)
             ]
-        return plan_step(self.costs, [self._alpha(r) for r in requests], caps, fixed, self.k_max)
+        odds = self.tally.odds()
+        server_alpha = self.stats.alpha if self.stats.drafted >= 32 else self.PRIOR_ALPHA
+        return plan_step(
+            self.costs, [odds.scaled(self._alpha(r) / max(server_alpha, 1e-3)) for r in requests], caps, fixed,
+            self.k_max, batched=self.batched,
+        )
 
     def _step(self) -> None:
         """One batched draft-verify-commit step over every running sequence."""
         ks = self._plan()
         t0 = time.perf_counter()
-        blocks: dict[int, list[int]] = {}
-        for ticket, k in zip(list(self._running), ks):
-            ticket.request.k = k
-            try:
-                blocks[ticket.id] = ticket.request.propose()
-            except Exception:
-                log.exception("drafting failed for request %d", ticket.id)
-                self._release(ticket, Failed("internal", "internal error while drafting"))
+        drafts, rounds = self._draft(ks)
         if not self._running:
             return
         draft_s = time.perf_counter() - t0
-        # A drafter's one-off start (its prefill of the sequence) is not a cost per drafted token.
-        start_s = sum(t.request.start_s for t in self._running)
-        drafted = sum(len(blocks[t.id]) - 1 for t in self._running)
+        blocks = {t.id: t.request.take_draft(drafts.get(t.id, Draft([]))) for t in self._running}
 
         running = list(self._running)
         width = max(len(blocks[t.id]) for t in running)
@@ -509,13 +619,14 @@ class Scheduler:
             self.stats.committed_in_steps += result.num_accepted + 1
             self.stats.drafted += result.num_drafted
             self.stats.accepted += result.num_accepted
+            self.tally.record_verified(result.num_accepted)
             self._emit_deltas(ticket, deltas)
             if request.done:
                 finished.append((ticket, None))
         verify_s = time.perf_counter() - t1
         self.costs.observe_target(len(running), width, verify_s)
-        if drafted:
-            self.costs.observe_draft(drafted, draft_s - start_s)
+        for rows, count, seconds in rounds:
+            self.costs.observe_draft(rows, count, seconds)
         self.stats.steps += 1
         self.stats.draft_s += draft_s
         self.stats.verify_s += verify_s
@@ -523,6 +634,55 @@ class Scheduler:
         self.stats.last_rows = len(running)
         for ticket, failure in finished:
             self._release(ticket, failure)
+
+    def _draft(self, ks: list[int]) -> tuple[dict[int, Draft], list[tuple[int, int, float]]]:
+        """Draft for every running sequence that drafts this step.
+
+        Returns drafts by ticket id and, per batch drafted, (sequences served
+        together, drafting rounds, seconds), for the cost model: a drafter's
+        one-off start (its prefill of a sequence) is left out of those seconds.
+        Sequences draft together in one batch where the proposer batches;
+        seeded sampled requests draft alone, so that their output never
+        depends on which other requests shared the drafter's forward.
+        """
+        drafting = []
+        for ticket, k in zip(self._running, ks):
+            ticket.request.k = k
+            if ticket.request.draft_length() > 0:
+                drafting.append(ticket)
+        if not drafting:
+            return {}, []
+        seeded = [t for t in drafting if t.request.params.seed is not None and not t.request.params.greedy]
+        if self.batched:
+            groups = [[t] for t in seeded] + [[t for t in drafting if t not in seeded]]
+        else:
+            groups = [[t] for t in drafting]
+        drafts: dict[int, Draft] = {}
+        rounds = []
+        for group in groups:
+            if not group:
+                continue
+            t0 = time.perf_counter()
+            try:
+                for ticket in group:
+                    ticket.request.start()
+                t1 = time.perf_counter()
+                lengths = [t.request.draft_length() for t in group]
+                out = propose_batch(self.proposer, [t.request.seq for t in group], lengths)
+            except Exception:
+                log.exception("drafting failed for request(s) %s", [t.id for t in group])
+                for ticket in group:
+                    self._release(ticket, Failed("internal", "internal error while drafting"))
+                continue
+            elapsed = time.perf_counter() - t0
+            for ticket, draft, length in zip(group, out, lengths):
+                drafts[ticket.id] = draft
+                ticket.request.stats.draft_s += elapsed / len(group)
+                self.tally.record_draft(length, len(draft))
+            longest = max((len(d) for d in out), default=0)
+            if longest:
+                rounds.append((len(group), longest, time.perf_counter() - t1))
+        return drafts, rounds
 
     def _emit_deltas(self, ticket: Ticket, deltas: list[str]) -> None:
         for text in deltas:

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from augury.cache import KVCache
+from augury.cache import CacheGroup, KVCache
 
 
 @dataclass(frozen=True)
@@ -296,7 +296,7 @@ class Decoder:
     def forward(
         self,
         tokens: Tensor,
-        cache: KVCache,
+        cache: KVCache | CacheGroup,
         *,
         positions: Tensor | None = None,
         block_mask: Tensor | None = None,
@@ -450,9 +450,9 @@ class Decoder:
         c = self.config
         group = c.num_heads // c.num_kv_heads
         out = torch.zeros_like(q)
-        keys_all, values_all = cache.keys[index], cache.values[index]
         for b, i, keys_at in attend:
-            keys, values = keys_all[b : b + 1, :, keys_at], values_all[b : b + 1, :, keys_at]
+            keys_b, values_b = cache.row_kv(index, b)
+            keys, values = keys_b[:, :, keys_at], values_b[:, :, keys_at]
             row = q[b : b + 1, :, i].reshape(1, c.num_kv_heads, group, c.head_dim)
             res = F.scaled_dot_product_attention(row, keys, values, scale=self.scale)
             out[b, :, i] = res.reshape(c.num_heads, c.head_dim)

@@ -84,6 +84,24 @@ class Proposer(Protocol):
     def forwards(self) -> int:
         """Model forward passes run so far (0 for model-free drafters)."""
 
+    # Optional: `propose_batch(seqs, ks) -> list[Draft]` drafts for several
+    # sequences at once (one drafter forward per drafted position for all of
+    # them). Callers go through `propose_batch` below, which falls back to
+    # one `propose` per sequence for drafters without it.
+
+
+def propose_batch(proposer: Proposer, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+    """Drafts for several sequences: batched where the proposer can, one by one otherwise."""
+    batched = getattr(proposer, "propose_batch", None)
+    if batched is not None:
+        return batched(seqs, ks)
+    return [proposer.propose(seq, k) if k > 0 else Draft([]) for seq, k in zip(seqs, ks)]
+
+
+def batches(proposer: Proposer) -> bool:
+    """Whether the proposer drafts several sequences in one forward (changes what drafting costs)."""
+    return hasattr(proposer, "propose_batch")
+
 
 class StatelessProposer:
     """Base for drafters that need no per-sequence cleanup (matchers over seq.tokens)."""

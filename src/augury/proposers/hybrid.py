@@ -21,7 +21,7 @@ from __future__ import annotations
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers import METHODS, DraftOptions, Proposer
-from augury.proposers.base import Draft, Sequence
+from augury.proposers.base import Draft, Sequence, propose_batch
 from augury.proposers.suffix import build as build_suffix
 
 
@@ -47,14 +47,25 @@ class HybridProposer:
         self.model.start(seq)
 
     def propose(self, seq: Sequence, k: int) -> Draft:
-        draft = self.matcher.propose(seq, k)
-        if len(draft) >= min(k, self.min_match_tokens):
-            self.proposed_by[seq.id] = self.matcher
-            self.matcher_drafts += 1
-            return draft
-        self.proposed_by[seq.id] = self.model
-        self.model_drafts += 1
-        return self.model.propose(seq, k)
+        return self.propose_batch([seq], [k])[0]
+
+    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        """Matcher drafts where they are long enough; the model drafts for the rest, in one batch."""
+        drafts = [self.matcher.propose(seq, k) if k > 0 else Draft([]) for seq, k in zip(seqs, ks)]
+        fallback = []
+        for i, (seq, k) in enumerate(zip(seqs, ks)):
+            if k > 0 and len(drafts[i]) >= min(k, self.min_match_tokens):
+                self.proposed_by[seq.id] = self.matcher
+                self.matcher_drafts += 1
+            elif k > 0:
+                self.proposed_by[seq.id] = self.model
+                self.model_drafts += 1
+                fallback.append(i)
+        if fallback:
+            model_drafts = propose_batch(self.model, [seqs[i] for i in fallback], [ks[i] for i in fallback])
+            for i, draft in zip(fallback, model_drafts):
+                drafts[i] = draft
+        return drafts
 
     def on_verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         part = self.proposed_by.pop(seq.id, None)
