@@ -95,8 +95,8 @@ class Request:
         self.last: int | None = None  # committed token not yet in the target's cache
         self.eos_ids = frozenset() if params.ignore_eos else target.tokenizer.eos_ids
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
-        self._forwards_before = proposer.forwards if proposer is not None else 0
         self.started = False  # proposer.start has run for this sequence
+        self.drafted_at_length = 0  # len(seq.tokens) when the proposer last drafted (a scheduler's bookkeeping)
 
     # -- the step, split for batching --------------------------------------------------
 
@@ -109,8 +109,9 @@ class Request:
         """
         if self.proposer is None or self.started:
             return 0.0
-        t0 = time.perf_counter()
+        t0, forwards = time.perf_counter(), self.proposer.forwards
         self.proposer.start(self.seq)
+        self.stats.draft_forwards += self.proposer.forwards - forwards
         self.started = True
         return time.perf_counter() - t0
 
@@ -139,7 +140,9 @@ class Request:
         if k > 0:
             t0 = time.perf_counter()
             self.start()
+            forwards = self.proposer.forwards
             draft = self.proposer.propose(self.seq, k)
+            self.stats.draft_forwards += self.proposer.forwards - forwards
             self.stats.draft_s += time.perf_counter() - t0
         return self.take_draft(draft)
 
@@ -200,10 +203,9 @@ class Request:
         return self.finish_reason is not None
 
     def close(self) -> None:
-        """Free the proposer's state for this sequence and settle the draft forward count."""
+        """Free the proposer's state for this sequence."""
         if self.proposer is not None:
             self.proposer.finish(self.seq)
-            self.stats.draft_forwards = self.proposer.forwards - self._forwards_before
 
     def result(self) -> GenerationResult:
         return GenerationResult(self.text, list(self.seq.output), self.finish_reason or "length", self.stats)

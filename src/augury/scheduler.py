@@ -56,10 +56,11 @@ K = 0 is plain decoding, so whenever drafting does not pay the scheduler stops
 drafting. A request's drafter starts (a draft model prefills the sequence)
 only on the first step that drafts for it, so requests served while drafting
 does not pay cost no drafter time; that one-off start is kept out of t_round.
-The first k_max + 1 steps try every K once (K_max down to 0), so the line is
-fitted from real spread from the start; afterwards every `probe_every` steps
-it tries a K in turn (round robin), drafting only where a drafter already
-runs, so the estimates of shapes it is not using stay current. Seeded sampled
+The first k_max + 1 steps try every K once (K_max down to 0) for one sequence,
+so the line is fitted from real spread from the start; afterwards every `probe_every` steps
+it tries a neighbour of its current choice (K - 1 or K + 1 in turn), drafting
+for one sequence (whose drafter already runs if any), so the estimates it steers by stay current
+without paying for long drafts under a load where plain decoding is best. Seeded sampled
 requests always draft the configured K, alone: with a seed the output must
 not depend on load.
 """
@@ -130,7 +131,7 @@ class SchedulerConfig:
     kv_budget_tokens: int | None = None  # KV slots in the pool; None: max_batch * min(context, 4096)
     k: int = 4  # the largest draft length; the scheduler may use less
     adaptive_k: bool = True
-    probe_every: int = 8
+    probe_every: int = 16
 
     def seq_capacity(self, context_length: int) -> int:
         """Tokens (prompt + output) one sequence may hold: its row of the pool."""
@@ -240,9 +241,15 @@ class StepCosts:
     """What a step costs: the batched target forward by (rows, block), and one drafting round
     (one drafter forward for the sequences drafting together) by how many sequences it serves."""
 
+    # Before a drafting round over several sequences was measured, assume each
+    # extra sequence adds a quarter of a one-sequence round (a weight-bound
+    # forward over 4 rows cost about 1.1x one row here, over 8 about 2x).
+    EXTRA_ROW_SHARE = 0.25
+
     def __init__(self) -> None:
         self.target = ShapeCosts()
         self.draft = ShapeCosts()
+        self.catch_up_per_token = 0.0  # drafter seconds per token it must catch up on (its prefill rate)
 
     def observe_target(self, rows: int, block: int, seconds: float) -> None:
         self.target.observe((rows, block), rows * block, seconds)
@@ -255,7 +262,14 @@ class StepCosts:
         self.draft.observe(rows, rows, seconds / rounds)
 
     def draft_round_time(self, rows: int) -> float:
+        if rows > 1 and not any(shape > 1 for shape in self.draft.samples):
+            return self.draft.time(1, 1) * (1 + self.EXTRA_ROW_SHARE * (rows - 1))
         return self.draft.time(rows, rows)
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        per_token = seconds / tokens
+        old = self.catch_up_per_token
+        self.catch_up_per_token = per_token if old == 0.0 else 0.8 * old + 0.2 * per_token
 
 
 @dataclass(frozen=True)
@@ -332,6 +346,7 @@ def plan_step(
     k_max: int,
     *,
     batched: bool = False,
+    behind: list[int] | None = None,
 ) -> list[int]:
     """Per-sequence draft lengths for one step: the common K that maximizes expected tokens per second.
 
@@ -339,8 +354,13 @@ def plan_step(
     draft now; fixed: a draft length a sequence must use (seeded sampling) or
     None. batched: the drafter serves all drafting sequences in one forward per
     round (rounds = the longest draft), rather than one sequence at a time.
+    behind: tokens each sequence's drafter must first catch up on (all of them
+    if it never drafted). That one-off cost buys drafting for the rest of the
+    request, so it is spread over the steps the request has left (caps[r] + 1
+    tokens at E_r(k) a step).
     """
     rows = len(odds)
+    behind = behind or [0] * rows
     best, best_rate = [0] * rows, -1.0
     for k in range(k_max + 1):
         ks = [min(f if f is not None else k, cap) for f, cap in zip(fixed, caps)]
@@ -352,6 +372,10 @@ def plan_step(
             draft_s = max(kr for _, kr in drafting) * costs.draft_round_time(len(drafting))
         else:
             draft_s = sum(o.drafted(kr) for o, kr in drafting) * costs.draft_round_time(1)
+        for o, kr, late, cap in zip(odds, ks, behind, caps):
+            if kr > 0 and late:
+                steps_left = max(1.0, (cap + 1) / o.tokens(kr))
+                draft_s += late * costs.catch_up_per_token / steps_left
         seconds = costs.target_time(rows, 1 + max(ks)) + draft_s
         rate = tokens / max(seconds, 1e-9)
         if rate > best_rate * (1 + 1e-9):
@@ -396,6 +420,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._steps = 0
+        self._probes = 0
+        self._planned_k = 0  # the K the cost model chose last (probes try its neighbours)
 
     # -- public, any thread -------------------------------------------------------------
 
@@ -557,24 +583,35 @@ class Scheduler:
         if self._steps <= self.k_max + 1:
             probe = self.k_max + 1 - self._steps  # warm-up: every K once
         elif self.config.probe_every and self._steps % self.config.probe_every == 0:
-            probe = (self._steps // self.config.probe_every) % (self.k_max + 1)
+            # Next to the current choice, alternately below and above: enough to
+            # follow the best K as costs and acceptance drift, and far cheaper
+            # under load than trying the longest drafts when K = 0 is best.
+            self._probes += 1
+            below, above = max(self._planned_k - 1, 0), min(self._planned_k + 1, self.k_max)
+            probe = (below, above)[self._probes % 2] if below != above else above
         if probe is not None:
-            # A probe is a measurement, not a decision: it drafts only where the
-            # drafter is already running (plus one new sequence if none is),
-            # so it never sets off a burst of drafter prefills.
-            started = [r.started for r in requests]
-            if probe and not any(started):
-                started[0] = True
+            # A probe is a measurement, not a decision: it drafts for one
+            # sequence only (one whose drafter already runs, if any), so it
+            # never sets off a burst of drafter prefills and catch-ups.
+            chosen = next((i for i, r in enumerate(requests) if r.started), 0)
             return [
-                min(f if f is not None else (probe if on else 0), cap)
-                for f, cap, on in zip(fixed, caps, started)
+                min(f if f is not None else (probe if i == chosen else 0), cap)
+                for i, (f, cap) in enumerate(zip(fixed, caps))
             ]
         odds = self.tally.odds()
         server_alpha = self.stats.alpha if self.stats.drafted >= 32 else self.PRIOR_ALPHA
-        return plan_step(
+        ks = plan_step(
             self.costs, [odds.scaled(self._alpha(r) / max(server_alpha, 1e-3)) for r in requests], caps, fixed,
-            self.k_max, batched=self.batched,
+            self.k_max, batched=self.batched, behind=[self._behind(r) for r in requests],
         )
+        self._planned_k = max((k for k, f in zip(ks, fixed) if f is None), default=self._planned_k)
+        return ks
+
+    @staticmethod
+    def _behind(request: Request) -> int:
+        """Tokens the request's drafter must catch up on before drafting, beyond a step's usual one or two."""
+        behind = len(request.seq.tokens) - request.drafted_at_length
+        return behind if behind > 2 else 0
 
     def _step(self) -> None:
         """One batched draft-verify-commit step over every running sequence."""
@@ -664,11 +701,15 @@ class Scheduler:
                 continue
             t0 = time.perf_counter()
             try:
-                for ticket in group:
+                started = [t for t in group if not t.request.started]
+                for ticket in started:
                     ticket.request.start()
-                t1 = time.perf_counter()
+                t1, forwards = time.perf_counter(), self.proposer.forwards
+                if started:
+                    self.costs.observe_catch_up(sum(len(t.request.seq.tokens) for t in started), t1 - t0)
                 lengths = [t.request.draft_length() for t in group]
                 out = propose_batch(self.proposer, [t.request.seq for t in group], lengths)
+                forwards = self.proposer.forwards - forwards  # each served every sequence of the group
             except Exception:
                 log.exception("drafting failed for request(s) %s", [t.id for t in group])
                 for ticket in group:
@@ -677,7 +718,9 @@ class Scheduler:
             elapsed = time.perf_counter() - t0
             for ticket, draft, length in zip(group, out, lengths):
                 drafts[ticket.id] = draft
+                ticket.request.drafted_at_length = len(ticket.request.seq.tokens)
                 ticket.request.stats.draft_s += elapsed / len(group)
+                ticket.request.stats.draft_forwards += forwards
                 self.tally.record_draft(length, len(draft))
             longest = max((len(d) for d in out), default=0)
             if longest:

@@ -263,7 +263,11 @@ class Decoder:
         # Blocks up to this many rows (decode steps, verification, token
         # trees) attend row by row, which keeps each row's result independent
         # of its block; longer blocks (prefill) use one masked attention call.
-        self.row_attention_limit = 64
+        # A drafter (not exact) needs no such independence: only its
+        # one-token steps and tiny catch-ups go row by row (one call per
+        # row and layer is the fastest there, and lets a drafter batch
+        # sequences whose caches are separate, see cache.CacheGroup).
+        self.row_attention_limit = 64 if exact else 4
 
     def with_head_rows(self, rows: int) -> "Decoder":
         """The same decoder (shared weights and settings) projecting onto token ids [0, rows) only."""

@@ -125,7 +125,8 @@ class DraftModelProposer:
         if not live:
             return drafts
         # Catch up on what each drafter has not seen (at least the last committed
-        # token). Long catch-ups (after steps without drafting) run alone: they are prefills.
+        # token). Longer catch-ups (after steps without drafting) run alone: they
+        # are small prefills, which attend as one block rather than row by row.
         logits: dict[int, torch.Tensor] = {}
         short = [i for i in live if len(seqs[i].tokens) - states[i].fed <= self.decoder.row_attention_limit]
         for group in [short] + [[i] for i in live if i not in short]:
