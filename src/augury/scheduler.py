@@ -60,7 +60,8 @@ The first k_max + 1 steps try every K once (K_max down to 0) for one sequence,
 so the line is fitted from real spread from the start; afterwards every `probe_every` steps
 it tries a neighbour of its current choice (K - 1 or K + 1 in turn), drafting
 for one sequence (whose drafter already runs if any), so the estimates it steers by stay current
-without paying for long drafts under a load where plain decoding is best. Seeded sampled
+without paying for long drafts under a load where plain decoding is best;
+while K = 0 keeps winning the interval doubles, up to 8x. Seeded sampled
 requests always draft the configured K, alone: with a seed the output must
 not depend on load.
 """
@@ -347,6 +348,7 @@ def plan_step(
     *,
     batched: bool = False,
     behind: list[int] | None = None,
+    margin: float = 0.0,
 ) -> list[int]:
     """Per-sequence draft lengths for one step: the common K that maximizes expected tokens per second.
 
@@ -358,6 +360,8 @@ def plan_step(
     if it never drafted). That one-off cost buys drafting for the rest of the
     request, so it is spread over the steps the request has left (caps[r] + 1
     tokens at E_r(k) a step).
+    margin: how much faster than plain decoding (K = 0) drafting must be
+    predicted to be before it is chosen (0.1 = 10%).
     """
     rows = len(odds)
     behind = behind or [0] * rows
@@ -378,7 +382,11 @@ def plan_step(
                 draft_s += late * costs.catch_up_per_token / steps_left
         seconds = costs.target_time(rows, 1 + max(ks)) + draft_s
         rate = tokens / max(seconds, 1e-9)
-        if rate > best_rate * (1 + 1e-9):
+        # Drafting must beat plain decoding by a margin, not a hair: the
+        # estimates are noisy, and a wrong "draft" costs speed while a wrong
+        # "don't" only forgoes it.
+        needed = best_rate * (1 + margin) if k > 0 and not any(best) else best_rate * (1 + 1e-9)
+        if rate > needed:
             best, best_rate = ks, rate
     return best
 
@@ -389,6 +397,10 @@ def plan_step(
 class Scheduler:
     """Continuous batching over one target model and an optional proposer (see the module doc)."""
 
+    # With several sequences, drafting must be predicted this much faster than
+    # plain decoding: batched steps have more ways to go wrong (catch-ups,
+    # drafter starts, uneven drafts) than the cost model sees.
+    DRAFT_MARGIN = 0.15
     PRIOR_ALPHA = DraftTally.PRIOR_ALPHA  # acceptance assumed before any request was measured
     PRIOR_WEIGHT = DraftTally.PRIOR_WEIGHT  # drafted tokens' worth of trust in the server-wide rate
 
@@ -422,6 +434,7 @@ class Scheduler:
         self._steps = 0
         self._probes = 0
         self._planned_k = 0  # the K the cost model chose last (probes try its neighbours)
+        self._last_probe, self._next_probe = 0, config.probe_every
 
     # -- public, any thread -------------------------------------------------------------
 
@@ -582,11 +595,17 @@ class Scheduler:
         probe = None
         if self._steps <= self.k_max + 1:
             probe = self.k_max + 1 - self._steps  # warm-up: every K once
-        elif self.config.probe_every and self._steps % self.config.probe_every == 0:
+        elif self.config.probe_every and self._steps >= self._next_probe:
             # Next to the current choice, alternately below and above: enough to
             # follow the best K as costs and acceptance drift, and far cheaper
             # under load than trying the longest drafts when K = 0 is best.
             self._probes += 1
+            # While plain decoding keeps winning, probe ever more rarely (up to
+            # 8x the configured interval): each probe costs a little speed.
+            gap = self.config.probe_every
+            if self._planned_k == 0:
+                gap = min(2 * (self._next_probe - self._last_probe), 8 * gap)
+            self._last_probe, self._next_probe = self._steps, self._steps + gap
             below, above = max(self._planned_k - 1, 0), min(self._planned_k + 1, self.k_max)
             probe = (below, above)[self._probes % 2] if below != above else above
         if probe is not None:
@@ -603,6 +622,7 @@ class Scheduler:
         ks = plan_step(
             self.costs, [odds.scaled(self._alpha(r) / max(server_alpha, 1e-3)) for r in requests], caps, fixed,
             self.k_max, batched=self.batched, behind=[self._behind(r) for r in requests],
+            margin=self.DRAFT_MARGIN if len(requests) > 1 else 0.0,
         )
         self._planned_k = max((k for k, f in zip(ks, fixed) if f is None), default=self._planned_k)
         return ks
@@ -704,6 +724,9 @@ class Scheduler:
                 started = [t for t in group if not t.request.started]
                 for ticket in started:
                     ticket.request.start()
+                # Rounds are timed only when every drafter was in step: a catch-up
+                # after steps without drafting is a small prefill, costed per token.
+                in_step = all(t in started or not self._behind(t.request) for t in group)
                 t1, forwards = time.perf_counter(), self.proposer.forwards
                 if started:
                     self.costs.observe_catch_up(sum(len(t.request.seq.tokens) for t in started), t1 - t0)
@@ -723,7 +746,7 @@ class Scheduler:
                 ticket.request.stats.draft_forwards += forwards
                 self.tally.record_draft(length, len(draft))
             longest = max((len(d) for d in out), default=0)
-            if longest:
+            if longest and in_step:
                 rounds.append((len(group), longest, time.perf_counter() - t1))
         return drafts, rounds
 
