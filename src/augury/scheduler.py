@@ -33,8 +33,8 @@ tokens per second, from measured costs:
 
 - t_target(rows, T): seconds of one verification step (the batched target
   forward plus verifying every row) with `rows` sequences and blocks of T
-  tokens. A running average per (rows, T) once that shape has been seen;
-  before that, a least-squares line t = a + b * rows * T over recent steps
+  tokens. A running average per (rows, T) once that shape has been seen
+  three times; before that, a least-squares line t = a + b * rows * T over recent steps
   (the work is mostly proportional to the rows the matmuls see). With too
   little data the line is flat, i.e. verification looks free, so the
   scheduler drafts and learns.
@@ -51,6 +51,13 @@ tokens per second, from measured costs:
   draft (one independent rate badly underestimates long drafts). A request's
   accept_r is the server's scaled by its own acceptance rate over the server's,
   shrunk towards the server's for requests with little history.
+- catch-up: a drafter that is L tokens behind (it never drafted, or sat out
+  steps) must first feed them, at its measured prefill seconds per token; that
+  one-off cost buys drafting for the rest of the request, so it is spread over
+  the steps the request has left.
+- margin: with several sequences, drafting must be predicted 15% faster than
+  plain decoding before it is chosen; the estimates are noisy, and a wrong
+  "draft" costs speed where a wrong "don't" only forgoes it.
 
 K = 0 is plain decoding, so whenever drafting does not pay the scheduler stops
 drafting. A request's drafter starts (a draft model prefills the sequence)
