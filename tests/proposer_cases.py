@@ -78,6 +78,7 @@ PROPOSER_CASES: list[ProposerCase] = [
     ProposerCase("cross", _cross),
     ProposerCase("layerskip", _registered("layerskip", skip_layers="1")),
     ProposerCase("quantized", _registered("quantized")),
+    ProposerCase("quantized-int4", _registered("quantized", quant="int4")),
 ]
 
 

@@ -326,6 +326,27 @@ def test_int8_weight_matmul_matches_its_dequantized_weight(fused):
     torch.testing.assert_close(packed.linear(x, bias), x @ packed.dense().T + bias, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_int4_weight_matmul_matches_its_dequantized_weight(dtype):
+    """4-bit groups of 32: every weight within half a step of its group's grid, the kernel's matmul
+    equal to a matmul with the dequantized weight, row slices (a truncated head) equal to slicing."""
+    from augury.proposers.quantized import Int4Weight
+
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(40, 64, generator=gen).to(dtype)  # not a multiple of the kernel's 16-row blocks
+    packed = Int4Weight(weight, keep_original=False)
+    groups = weight.float().reshape(40, 2, 32)
+    step = (groups.amax(-1) - groups.amin(-1)) / 15
+    error = (packed.dense().float() - weight.float()).reshape(40, 2, 32).abs().amax(-1)
+    assert (error <= step / 2 + 0.02 * step + 1e-3).all()
+    x = torch.randn(3, 5, 64, generator=gen).to(dtype)
+    bias = torch.randn(40, generator=gen).to(dtype)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    ref = x.float() @ packed.dense().float().T + bias.float()
+    torch.testing.assert_close(packed.linear(x, bias).float(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(packed[:20].dense(), packed.dense()[:20], rtol=tol, atol=tol)
+
+
 def test_quantized_drafter_is_close_to_the_target(deep_target):
     before = [t.clone() for t in (deep_target.decoder.weights.lm_head, deep_target.decoder.weights.layers[0].wqkv)]
     quantized = quantize_decoder(deep_target.decoder)

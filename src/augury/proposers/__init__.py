@@ -32,7 +32,7 @@ class DraftOptions:
     quant: str = "int8"  # quantized: weight format of the self-draft copy
     draft_confidence: float = 0.5  # model drafters: stop drafting below this top probability (0 = never)
     draft_vocab: int = 0  # model drafters: project onto the first N token ids only (0 = full vocabulary)
-    draft_quant: str = "int8"  # model drafter: weight format of the draft model ("int8" or "none")
+    draft_quant: str = "int4"  # model drafter: weight format of the draft model ("int4", "int8" or "none")
 
 
 def _build_model(target: Model, options: DraftOptions) -> Proposer:
@@ -43,13 +43,16 @@ def _build_model(target: Model, options: DraftOptions) -> Proposer:
         raise AuguryError("--draft-method model needs --draft NAME_OR_PATH")
     draft = load_model(options.draft, dtype=options.dtype, device=options.device, offline=options.offline)
     check_same_vocabulary(target, draft)
-    if options.draft_quant == "int8":
-        from augury.proposers.quantized import quantize_decoder
+    if options.draft_quant in ("int8", "int4"):
+        from augury.proposers.quantized import int4_matmul_available, quantize_decoder
 
-        draft = Model(name=draft.name, decoder=quantize_decoder(draft.decoder), tokenizer=draft.tokenizer,
-                      source=draft.source)
+        fmt = options.draft_quant
+        if fmt == "int4" and not int4_matmul_available(draft.decoder):
+            fmt = "int8"  # torch's int4 kernel is CPU-only
+        draft = Model(name=draft.name, decoder=quantize_decoder(draft.decoder, fmt=fmt),
+                      tokenizer=draft.tokenizer, source=draft.source)
     elif options.draft_quant != "none":
-        raise AuguryError(f"unknown --draft-quant '{options.draft_quant}' (choose from int8, none)")
+        raise AuguryError(f"unknown --draft-quant '{options.draft_quant}' (choose from int8, int4, none)")
     return DraftModelProposer(
         draft, target.config.vocab_size, confidence=options.draft_confidence, vocab_limit=options.draft_vocab
     )
