@@ -1,4 +1,8 @@
-"""Quantized self-drafting: an int8 copy of the target drafts for the target.
+"""Quantized self-drafting: an int8 (or 4-bit) copy of the target drafts for the target.
+
+The weight formats here (`Int8Weight`, `Int4Weight`) also make the separate
+draft model cheap: the model drafter quantizes its draft model to 4 bits by
+default on CPU (see `Int4Weight` for why that beats int8 here).
 
 Decoding one token is bound by reading the weights, so a copy whose linear
 layers hold int8 weights (one scale per output channel, symmetric) reads about
