@@ -100,20 +100,18 @@ class Request:
 
     # -- the step, split for batching --------------------------------------------------
 
-    def start(self) -> float:
+    def start(self) -> None:
         """Start the proposer for this sequence (a draft model prefills the sequence so far), once.
 
-        Returns the seconds it took (0 if it had started). Drafting starts it
-        on the first step that drafts, so a server that decides not to draft
-        for a request never pays the drafter's prefill.
+        Drafting starts it on the first step that drafts, so a server that
+        decides not to draft for a request never pays the drafter's prefill.
         """
         if self.proposer is None or self.started:
-            return 0.0
-        t0, forwards = time.perf_counter(), self.proposer.forwards
+            return
+        forwards = self.proposer.forwards
         self.proposer.start(self.seq)
         self.stats.draft_forwards += self.proposer.forwards - forwards
         self.started = True
-        return time.perf_counter() - t0
 
     def take_first(self, logits: torch.Tensor) -> list[str]:
         """Sample the first token from the prefill's last logits [V]; returns text deltas."""

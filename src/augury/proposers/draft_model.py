@@ -93,10 +93,9 @@ class DraftModelProposer:
         width = max(len(block) for block in blocks)
         rows = [block + block[-1:] * (width - len(block)) for block in blocks]
         cache = states[0].cache if len(states) == 1 else CacheGroup([state.cache for state in states])
-        last = torch.tensor([len(block) - 1 for block in blocks], device=self.decoder.device)
+        only_last = width == 1 or len(blocks) == 1  # then every block's last row is the block's last row
         logits = self.decoder.forward(
-            torch.tensor(rows, device=self.decoder.device), cache,
-            logits_rows=slice(-1, None) if width == 1 or len(blocks) == 1 else None,
+            torch.tensor(rows, device=self.decoder.device), cache, logits_rows=slice(-1, None) if only_last else None
         )
         self._forwards += 1
         out = []
@@ -104,7 +103,7 @@ class DraftModelProposer:
             state.fed += len(block)
             if width > len(block):
                 state.cache.truncate(state.fed)
-            out.append(logits[b, -1] if logits.shape[1] == 1 else logits[b, int(last[b])])
+            out.append(logits[b, -1 if only_last else len(block) - 1])
         return out
 
     def propose(self, seq: Sequence, k: int) -> Draft:
@@ -114,9 +113,9 @@ class DraftModelProposer:
         """Draft up to ks[i] tokens for each sequence, one drafter forward per position for all.
 
         Decoding is bound by reading the weights, so a forward over a few
-        sequences' rows costs about what one costs (for the int8 0.5B drafter
-        here: 4 rows about 1.1x one row, 8 rows about 2x): a server drafting
-        for 4 sequences pays for one.
+        sequences' rows costs about what one costs (the int8 0.5B drafter's
+        matmuls here: 4 rows about 1.1x one row, 8 rows about 2x): a server
+        drafting for 4 sequences pays for about one.
         """
         drafts = [Draft([]) for _ in seqs]
         states = [self.states[seq.id] for seq in seqs]

@@ -66,12 +66,30 @@ def int8_matmul_available(dtype: torch.dtype, device: torch.device) -> bool:
     return bool(torch.allclose(out.float(), torch.full((2, 8), 16.0, device=device)))
 
 
-class Int8Weight:
-    """A [out, in] weight as int8 values and one scale per output row: weight ~= values * scale[:, None].
+class _LowBitWeight:
+    """What Int8Weight and Int4Weight share: the decoder's packed-weight protocol
+    (`linear`), so the decoder's own forward runs on them unchanged, with
+    prefill-sized inputs sent to the original weight (kept by reference)."""
 
-    Implements the decoder's packed-weight protocol (`linear`), so the decoder's
-    own forward runs on it unchanged.
-    """
+    original: Tensor | PackedWeight | None
+
+    def _matmul(self, flat: Tensor) -> Tensor:
+        """flat: [N, in] -> [N, out] through the low-bit kernel."""
+        raise NotImplementedError
+
+    def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        """x: [..., in] -> [..., out]."""
+        flat = x.reshape(-1, x.shape[-1])
+        if self.original is not None and flat.shape[0] > DENSE_ROWS:
+            return linear(x, self.original, bias)
+        out = self._matmul(flat.contiguous())
+        if bias is not None:
+            out = out + bias
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class Int8Weight(_LowBitWeight):
+    """A [out, in] weight as int8 values and one scale per output row: weight ~= values * scale[:, None]."""
 
     def __init__(self, weight: Tensor | PackedWeight, *, fused: bool, keep_original: bool = True) -> None:
         # The original weight (shared, not copied), for prefill-sized inputs.
@@ -101,28 +119,20 @@ class Int8Weight:
         """The weight this stands for, [out, in] in the activation dtype (tests and the fallback)."""
         return self.values.to(self.scale.dtype) * self.scale[:, None]
 
-    def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        """x: [..., in] -> [..., out]."""
-        flat = x.reshape(-1, x.shape[-1])
-        if self.original is not None and flat.shape[0] > DENSE_ROWS:
-            return linear(x, self.original, bias)
+    def _matmul(self, flat: Tensor) -> Tensor:
         if self.fused:
-            out = torch._weight_int8pack_mm(flat.contiguous(), self.values, self.scale)
-        else:
-            out = F.linear(flat, self.values.to(flat.dtype)) * self.scale
-        if bias is not None:
-            out = out + bias
-        return out.view(*x.shape[:-1], out.shape[-1])
+            return torch._weight_int8pack_mm(flat, self.values, self.scale)
+        return F.linear(flat, self.values.to(flat.dtype)) * self.scale
 
 
-class Int4Weight:
+class Int4Weight(_LowBitWeight):
     """A [out, in] weight as 4-bit values in groups of `group` inputs, each group with its own scale and offset.
 
     weight ~= (values - 8) * scale + offset per group. Half the bytes of int8,
     and torch's CPU kernel (`_weight_int4pack_mm_for_cpu`) decodes one row
     1.8-2.6x faster than the int8 one on the 0.5B drafter's matrices here (a
     micro-benchmark). The GGUF draft model was 4-bit (Q4_K_M, 32-input blocks)
-    to begin with, so 32-input groups lose little more. Same protocol as Int8Weight.
+    to begin with, so 32-input groups lose little more.
     """
 
     ROW_BLOCK = 16  # the kernel takes output rows in blocks of 16: padded with zero rows, cut after
@@ -165,17 +175,9 @@ class Int4Weight:
         out = torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group, self.scales_offsets)
         return out[:, : self.rows].t().contiguous()
 
-    def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        """x: [..., in] -> [..., out]."""
-        flat = x.reshape(-1, x.shape[-1])
-        if self.original is not None and flat.shape[0] > DENSE_ROWS:
-            return linear(x, self.original, bias)
-        out = torch._weight_int4pack_mm_for_cpu(flat.contiguous(), self.packed, self.group, self.scales_offsets)
-        if out.shape[-1] != self.rows:
-            out = out[:, : self.rows]
-        if bias is not None:
-            out = out + bias
-        return out.view(*x.shape[:-1], out.shape[-1])
+    def _matmul(self, flat: Tensor) -> Tensor:
+        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_offsets)
+        return out[:, : self.rows]  # drop the padding rows
 
 
 def int4_matmul_available(decoder: Decoder, group: int = 32) -> bool:
