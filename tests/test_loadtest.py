@@ -25,6 +25,7 @@ from augury.bench.load import (
     parse_concurrency,
     prompt_index,
     prompts_at,
+    rounds_at,
     run_load,
 )
 from augury.cli import main
@@ -81,6 +82,9 @@ def test_prompts_go_round_robin_over_clients():
     assert [[prompt_index(w, r, 3, 4) for w in range(3)] for r in range(2)] == [[0, 1, 2], [3, 0, 1]]
     assert prompts_at(1, 2, 4) == {0, 1}
     assert prompts_at(4, 2, 4) == {0, 1, 2, 3}
+    # At least 12 requests per level: one client sends 12, five send 3 each, sixteen their usual 2.
+    assert [rounds_at(c, 2, 12) for c in (1, 5, 16)] == [12, 3, 2]
+    assert rounds_at(1, 2) == 2
 
 
 def test_cli_rejects_bad_input_with_one_line(capsys):
@@ -121,6 +125,13 @@ def test_levels_count_tokens_and_equal_the_engine(two_servers):
         row = next(row for row in report.table().rows if row[0] == str(c))
         assert row[1:4] == [f"{off.tok_s:.1f}", f"{on.tok_s:.1f}", f"{on.tok_s / off.tok_s:.2f}x"]
     assert "all 24 responses equal" in report.markdown()
+
+
+def test_small_levels_send_more_rounds_to_reach_the_minimum(two_servers):
+    report = run_load(clients(two_servers), [chat(p) for p in PROMPTS], [1, 2], 1, MAX_TOKENS, min_requests=3)
+    assert [(lv.concurrency, len(lv.requests)) for lv in report.levels] == [(1, 3), (1, 3), (2, 4), (2, 4)]
+    assert sorted(r.prompt for r in report.level(SPEC_ON, 1).requests) == [0, 1, 2]
+    assert report.mismatches() == [] and report.lossless_mismatches() == []
 
 
 class Tampering(EndpointContender):

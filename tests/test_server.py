@@ -183,6 +183,22 @@ def test_tally_measures_reach_and_acceptance_per_position():
     assert odds.drafted(4) == pytest.approx(3.0, abs=0.02)
 
 
+def test_tally_prior_continues_the_measured_chain_at_unmeasured_positions():
+    """Drafts so far were capped at 2: positions 3 and 4 have no data. Their prior follows the
+    conditional acceptance measured along the chain (0.8, then 0.9 of those), not alpha^(i+1),
+    so a planner looking at them is not scared off long drafts it never tried."""
+    tally = DraftTally(4)
+    for step in range(1000):
+        tally.record_draft(2, 2)
+        tally.record_verified(2 if step % 10 < 7 else (1 if step % 10 < 8 else 0))
+    accept = tally.odds().accept
+    assert accept[0] == pytest.approx(0.8, abs=0.01) and accept[1] == pytest.approx(0.7, abs=0.01)
+    ratio = accept[1] / accept[0]
+    assert accept[2] == pytest.approx(accept[1] * ratio, rel=1e-6)
+    assert accept[3] == pytest.approx(accept[2] * ratio, rel=1e-6)
+    assert accept[3] > DraftTally.PRIOR_ALPHA**4 + 0.2
+
+
 def _costs(per_row_token: float, base: float = 0.010) -> StepCosts:
     costs = StepCosts()
     for rows in (1, 2, 4, 8, 16):
@@ -301,12 +317,14 @@ def test_scheduler_stops_drafting_when_verification_is_expensive():
     assert scheduler.costs.target_time(4, 1) < scheduler.costs.target_time(4, 2)
 
 
-def test_requests_served_without_drafting_never_pay_for_the_drafter():
+@pytest.mark.parametrize("probe_every", [0, 3])
+def test_requests_served_without_drafting_never_pay_for_the_drafter(probe_every):
     """The drafter starts (prefills) on a request's first drafting step, so once the scheduler has
-    stopped drafting, newly admitted requests cost no drafter forward at all."""
+    stopped drafting, newly admitted requests cost no drafter forward at all: not even for the
+    periodic probes, which among several sequences only draft for one whose drafter runs."""
     results = {}
     prompts = ["one", "two words", "three of them", "four", "five", "six sixes", "seven", "eight of them"]
-    config = SchedulerConfig(max_batch=4, k=4, probe_every=0)
+    config = SchedulerConfig(max_batch=4, k=4, probe_every=probe_every)
     scheduler, got, want = _run_scheduler(
         lambda rows, block: 0.001 * rows * block**2, prompts=prompts, config=config, results=results
     )

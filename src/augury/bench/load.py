@@ -10,9 +10,12 @@ The order alternates per concurrency level (off then on, then on then off, ...)
 so slow drift of the machine (other jobs, heat) hits both sides alike.
 
 A level with concurrency c starts c client threads at once (a barrier), each
-sending `requests_per_client` streaming chat completions one after another;
-request r of client w asks prompt (r * c + w) mod P, so the prompts go round
-robin over all clients. Measured per level and server:
+sending `requests_per_client` streaming chat completions one after another, or
+more where the level would otherwise send fewer than `min_requests` in all:
+a level of one client sending two requests measured two prompts, and speed-ups
+differ between prompts far more than between runs. Request r of client w asks
+prompt (r * c + w) mod P, so the prompts go round robin over all clients.
+Measured per level and server:
 
     tok/s = completion tokens of all its requests / wall time of the level
     TTFT  = mean wait from sending a request to its first content delta
@@ -79,10 +82,13 @@ def prompt_index(client: int, round_: int, concurrency: int, n_prompts: int) -> 
     return (round_ * concurrency + client) % n_prompts
 
 
-def prompts_at(concurrency: int, requests_per_client: int, n_prompts: int) -> set[int]:
-    return {
-        prompt_index(w, r, concurrency, n_prompts) for w in range(concurrency) for r in range(requests_per_client)
-    }
+def rounds_at(concurrency: int, requests_per_client: int, min_requests: int = 0) -> int:
+    """Requests each client sends at a level: requests_per_client, or more to reach min_requests in all."""
+    return max(requests_per_client, -(-min_requests // concurrency))
+
+
+def prompts_at(concurrency: int, rounds: int, n_prompts: int) -> set[int]:
+    return {prompt_index(w, r, concurrency, n_prompts) for w in range(concurrency) for r in range(rounds)}
 
 
 # -- results ----------------------------------------------------------------------------------------
@@ -339,6 +345,7 @@ def run_load(
     requests_per_client: int,
     max_tokens: int,
     progress: Callable[[str], None] | None = None,
+    min_requests: int = 0,
 ) -> LoadReport:
     """Every level on every server (alternating which goes first), plus the concurrency-1 references.
 
@@ -347,10 +354,13 @@ def run_load(
     say = progress or (lambda _line: None)
     names = list(clients)
     n = len(prompts)
-    used = set().union(*(prompts_at(c, requests_per_client, n) for c in concurrency))
-    alone = prompts_at(1, requests_per_client, n) if 1 in concurrency else set()
+    rounds = {c: rounds_at(c, requests_per_client, min_requests) for c in concurrency}
+    used = set().union(*(prompts_at(c, rounds[c], n) for c in concurrency))
+    alone = prompts_at(1, rounds[1], n) if 1 in concurrency else set()
     references: dict[str, dict[int, str]] = {name: {} for name in names}
     for name in names:
+        if not used - alone:  # nothing to send alone first: one request warms the server up
+            stream_one(clients[name], prompts[0], 0, max_tokens)
         for i in sorted(used - alone):
             references[name][i] = stream_one(clients[name], prompts[i], i, max_tokens).text
         if used - alone:
@@ -360,7 +370,7 @@ def run_load(
     for step, c in enumerate(concurrency):
         order = names if step % 2 == 0 else names[::-1]
         for name in order:
-            level = run_level(clients[name], name, prompts, c, requests_per_client, max_tokens)
+            level = run_level(clients[name], name, prompts, c, rounds[c], max_tokens)
             levels.append(level)
             if c == 1:
                 for r in level.requests:
@@ -467,6 +477,7 @@ def run_with_servers(
     port: int = 0,
     startup_timeout: float = 600.0,
     progress: Callable[[str], None] | None = None,
+    min_requests: int = 0,
 ) -> LoadReport:
     """Start the spec-off and spec-on servers, run the load, and stop both whatever happens.
 
@@ -495,7 +506,7 @@ def run_with_servers(
         for name, server in servers.items():
             clients[name] = EndpointContender(server.base, method=name)
             clients[name].check()
-        return run_load(clients, prompts, concurrency, requests_per_client, max_tokens, progress)
+        return run_load(clients, prompts, concurrency, requests_per_client, max_tokens, progress, min_requests)
     finally:
         for server in servers.values():
             try:

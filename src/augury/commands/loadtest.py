@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--concurrency", default="1,2,4,8,16", help="client counts, comma separated (default 1,2,4,8,16)")
     g.add_argument("--requests-per-client", type=int, default=2,
                    help="requests each client sends one after another per level (default 2)")
+    g.add_argument("--min-requests", type=int, default=12,
+                   help="requests each level sends at least, clients sending more rounds where needed "
+                   "(default 12: at one client, 12 prompts rather than 2)")
     g.add_argument("--max-tokens", "-n", type=int, default=64, help="max_tokens of every request (default 64)")
     g.add_argument("--suite", default=DEFAULT_SUITE,
                    help=f"prompts: spec-bench[:N], mt-bench[:N], gsm8k[:N] or a JSONL file (default {DEFAULT_SUITE}; "
@@ -58,6 +61,8 @@ def _check_args(args: argparse.Namespace) -> list[int]:
     for name in ("requests_per_client", "max_tokens", "k"):
         if getattr(args, name) < 1:
             raise AuguryError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.min_requests < 0:
+        raise AuguryError(f"--min-requests must be >= 0, got {args.min_requests}")
     if args.max_batch is not None and args.max_batch < 1:
         raise AuguryError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.seq_tokens <= args.max_tokens:
@@ -98,13 +103,13 @@ def run_loadtest(args: argparse.Namespace) -> int:
 
     report = run_with_servers(
         _serve_args(args, max_batch), prompts, levels, args.requests_per_client, args.max_tokens,
-        port=args.port, startup_timeout=args.startup_timeout, progress=progress,
+        port=args.port, startup_timeout=args.startup_timeout, progress=progress, min_requests=args.min_requests,
     )
     report.prompt_ids = [p.id for p in suite.prompts]
     report.settings = {
         "model": args.model, "draft": args.draft, "k": args.k, "max_batch": max_batch, "dtype": args.dtype,
         "device": args.device, "suite": args.suite, "prompts": len(prompts), "concurrency": levels,
-        "requests_per_client": args.requests_per_client, "max_tokens": args.max_tokens, "temperature": 0.0,
+        "requests_per_client": args.requests_per_client, "min_requests": args.min_requests, "max_tokens": args.max_tokens, "temperature": 0.0,
     }
     print(report.markdown(), end="")
     if args.out is not None:
