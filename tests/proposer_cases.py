@@ -48,7 +48,7 @@ def _cross(target: Model, seed: int) -> Proposer:
     tokenizer.ALPHABET = tokenizer.ALPHABET[: cfg.vocab_size][::-1]
     tokenizer.vocab = {c: i for i, c in enumerate(tokenizer.ALPHABET)}
     draft.tokenizer = tokenizer
-    return CrossTokenizerProposer(draft, target)
+    return CrossTokenizerProposer(draft, target, confidence=0.1)
 
 
 def _registered(method: str, **options) -> Callable[[Model, int], Proposer]:

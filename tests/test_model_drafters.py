@@ -229,6 +229,25 @@ def test_cross_with_the_target_behind_another_tokenizer_accepts_its_drafts(k):
     assert result.stats.tau == k + 1
 
 
+def test_cross_drafter_stops_at_a_doubted_token():
+    """A drafter that doubts everything (confidence 0.999 on a tiny random model) makes one forward
+    per step, the catch-up that yields its first guess, and drafts no further; output stays plain's."""
+    target = pieces_model(TARGET_PIECES, seed=3)
+    draft = pieces_model(DRAFT_PIECES, seed=4)
+    params = SamplingParams(max_tokens=30)
+    prompt = target.tokenizer.encode("hgf ab ba ")
+    plain = Engine(target).generate(prompt, params)
+    runs = {c: Engine(target, CrossTokenizerProposer(draft, target, confidence=c), k=4).generate(prompt, params)
+            for c in (0.0, 0.999)}
+    for result in runs.values():
+        assert result.token_ids == plain.token_ids
+    eager, doubting = runs[0.0].stats, runs[0.999].stats
+    assert doubting.draft_forwards == doubting.steps
+    assert eager.draft_forwards > 2 * eager.steps
+    with pytest.raises(AuguryError, match="confidence"):
+        CrossTokenizerProposer(draft, target, confidence=1.0)
+
+
 # -- layer skip ----------------------------------------------------------------------------------
 
 

@@ -48,9 +48,9 @@ def add_draft_args(parser: argparse.ArgumentParser, *, default_method: str = "mo
     g.add_argument(
         "--draft-confidence",
         type=float,
-        default=0.5,
+        default=None,
         help="model drafters: stop a draft early when the drafter's top probability falls below this "
-        "(default 0.5; 0 = always draft K)",
+        "(default 0.5 for model and hybrid, 0.3 for cross; 0 = always draft K)",
     )
     g.add_argument(
         "--draft-vocab",
@@ -61,7 +61,7 @@ def add_draft_args(parser: argparse.ArgumentParser, *, default_method: str = "mo
     g.add_argument(
         "--draft-quant",
         default="int4",
-        help="model drafter: int4 (default: 4-bit groups of 32; int8 where torch's int4 kernel does not run, "
+        help="model and cross drafters: int4 (default: 4-bit groups of 32; int8 where torch's int4 kernel does not run, "
         "e.g. on GPUs), int8 (weight-only int8) or none (the draft model's own dtype)",
     )
     g.add_argument("--quant", default="int8", help="quantized: weight format of the self-draft copy, int8 (default) or int4")

@@ -91,7 +91,7 @@ def run_demo(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens)
     print(
         f"target {DEFAULT_TARGET} (bf16), draft {DEFAULT_DRAFT} ({options.draft_quant} weights, "
-        f"stops below confidence {options.draft_confidence}), K={args.k}, greedy\nprompt: {args.prompt}\n"
+        f"stops below confidence {proposer.confidence}), K={args.k}, greedy\nprompt: {args.prompt}\n"
     )
     spec = Engine(target, proposer, k=args.k).generate(
         ids, params, on_text=lambda text: (sys.stdout.write(text), sys.stdout.flush())

@@ -45,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--min-requests", type=int, default=12,
                    help="requests each level sends at least, clients sending more rounds where needed "
                    "(default 12: at one client, 12 prompts rather than 2)")
-    g.add_argument("--max-tokens", "-n", type=int, default=64, help="max_tokens of every request (default 64)")
+    g.add_argument("--max-tokens", "-n", type=int, default=128,
+                   help="max_tokens of every request (default 128, as Spec-Bench runs and the peers measured here)")
     g.add_argument("--suite", default=DEFAULT_SUITE,
                    help=f"prompts: spec-bench[:N], mt-bench[:N], gsm8k[:N] or a JSONL file (default {DEFAULT_SUITE}; "
                    "first turn only)")

@@ -30,31 +30,43 @@ class DraftOptions:
     suffix_corpus: str | None = None  # suffix: file that persists earlier outputs between runs
     skip_layers: str | None = None  # layerskip: "3,5,7" or a calibration file written by `augury calibrate`
     quant: str = "int8"  # quantized: weight format of the self-draft copy
-    draft_confidence: float = 0.5  # model drafters: stop drafting below this top probability (0 = never)
+    # model drafters: stop drafting below this top probability (0 = never;
+    # None = the drafter's own default, as calibrated models differ)
+    draft_confidence: float | None = None
     draft_vocab: int = 0  # model drafters: project onto the first N token ids only (0 = full vocabulary)
-    draft_quant: str = "int4"  # model drafter: weight format of the draft model ("int4", "int8" or "none")
+    draft_quant: str = "int4"  # model and cross drafters: weight format of the draft model ("int4", "int8" or "none")
+
+
+def quantize_draft(draft: Model, fmt: str) -> Model:
+    """The draft model with its matmul weights in `fmt` ("int4", "int8"; "none" keeps them).
+
+    A drafter's guesses are checked by the target, so its weights may be
+    lossy: on a CPU reading fewer weight bytes is what makes drafting cheap.
+    """
+    if fmt == "none":
+        return draft
+    if fmt not in ("int8", "int4"):
+        raise AuguryError(f"unknown --draft-quant '{fmt}' (choose from int8, int4, none)")
+    from augury.proposers.quantized import int4_matmul_available, quantize_decoder
+
+    if fmt == "int4" and not int4_matmul_available(draft.decoder):
+        fmt = "int8"  # torch's int4 kernel is CPU-only
+    return Model(name=draft.name, decoder=quantize_decoder(draft.decoder, fmt=fmt),
+                 tokenizer=draft.tokenizer, source=draft.source)
 
 
 def _build_model(target: Model, options: DraftOptions) -> Proposer:
     from augury.models.loader import load_model
-    from augury.proposers.draft_model import DraftModelProposer, check_same_vocabulary
+    from augury.proposers.draft_model import DEFAULT_CONFIDENCE, DraftModelProposer, check_same_vocabulary
 
     if not options.draft:
         raise AuguryError("--draft-method model needs --draft NAME_OR_PATH")
     draft = load_model(options.draft, dtype=options.dtype, device=options.device, offline=options.offline)
     check_same_vocabulary(target, draft)
-    if options.draft_quant in ("int8", "int4"):
-        from augury.proposers.quantized import int4_matmul_available, quantize_decoder
-
-        fmt = options.draft_quant
-        if fmt == "int4" and not int4_matmul_available(draft.decoder):
-            fmt = "int8"  # torch's int4 kernel is CPU-only
-        draft = Model(name=draft.name, decoder=quantize_decoder(draft.decoder, fmt=fmt),
-                      tokenizer=draft.tokenizer, source=draft.source)
-    elif options.draft_quant != "none":
-        raise AuguryError(f"unknown --draft-quant '{options.draft_quant}' (choose from int8, int4, none)")
+    draft = quantize_draft(draft, options.draft_quant)
     return DraftModelProposer(
-        draft, target.config.vocab_size, confidence=options.draft_confidence, vocab_limit=options.draft_vocab
+        draft, target.config.vocab_size, vocab_limit=options.draft_vocab,
+        confidence=DEFAULT_CONFIDENCE if options.draft_confidence is None else options.draft_confidence,
     )
 
 
