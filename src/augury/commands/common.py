@@ -64,7 +64,9 @@ def add_draft_args(parser: argparse.ArgumentParser, *, default_method: str = "mo
         help="model and cross drafters: int4 (default: 4-bit groups of 32; int8 where torch's int4 kernel does not run, "
         "e.g. on GPUs), int8 (weight-only int8) or none (the draft model's own dtype)",
     )
-    g.add_argument("--quant", default="int8", help="quantized: weight format of the self-draft copy, int8 (default) or int4")
+    g.add_argument("--quant", default="int4",
+                   help="quantized: weight format of the self-draft copy, int4 (default; int8 where torch's int4 "
+                   "kernel does not run) or int8")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

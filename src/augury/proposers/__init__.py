@@ -29,7 +29,7 @@ class DraftOptions:
     ngram_max: int = 4  # ngram: longest suffix looked up
     suffix_corpus: str | None = None  # suffix: file that persists earlier outputs between runs
     skip_layers: str | None = None  # layerskip: "3,5,7" or a calibration file written by `augury calibrate`
-    quant: str = "int8"  # quantized: weight format of the self-draft copy
+    quant: str = "int4"  # quantized: weight format of the self-draft copy (int8 where int4 does not run)
     # model drafters: stop drafting below this top probability (0 = never;
     # None = the drafter's own default, as calibrated models differ)
     draft_confidence: float | None = None

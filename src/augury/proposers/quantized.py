@@ -231,7 +231,9 @@ def build(target: Model, options: DraftOptions) -> QuantizedProposer:
     """The quantized self-draft proposer; options.quant picks the weight format."""
     if options.quant not in QUANT_FORMATS:
         raise AuguryError(f"unknown --quant '{options.quant}' (choose from {', '.join(QUANT_FORMATS)})")
-    decoder = quantize_decoder(target.decoder, fmt=options.quant)
-    draft = Model(name=f"{target.name}:{options.quant}", decoder=decoder, tokenizer=target.tokenizer,
+    from augury.proposers import quantize_draft
+
+    draft = quantize_draft(target, options.quant)  # int4 falls back to int8 where its kernel does not run
+    draft = Model(name=f"{target.name}:{options.quant}", decoder=draft.decoder, tokenizer=target.tokenizer,
                   source=target.source)
     return QuantizedProposer(draft, target.config.vocab_size)
