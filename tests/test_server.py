@@ -258,6 +258,17 @@ def test_plan_respects_caps_and_fixed_lengths():
     assert ks == [0, 2, 3]
 
 
+def test_a_hiccup_does_not_move_a_measured_shape():
+    """One step in five taking 3x as long (another process took a core) leaves the estimate alone."""
+    costs = StepCosts()
+    for seconds in (0.10, 0.10, 0.30, 0.10, 0.10, 0.10, 0.10):
+        costs.observe_target(1, 5, seconds)
+    assert costs.target_time(1, 5) == pytest.approx(0.10)
+    for seconds in (0.20, 0.20, 0.20):  # a lasting change is followed within a few samples
+        costs.observe_target(1, 5, seconds)
+    assert costs.target_time(1, 5) == pytest.approx(0.20)
+
+
 def test_unmeasured_shapes_come_from_the_fitted_line():
     costs = StepCosts()
     costs.observe_target(1, 5, 0.015)
