@@ -253,6 +253,22 @@ def test_plan_drafts_long_when_acceptance_is_correlated():
     assert plan_step(costs, _odds(0.6, 1), [10], [None], k_max=4) == [1]
 
 
+def test_plan_limited_to_given_choices():
+    """Drafting a token costs a quarter of a step and acceptance decays: K = 2 is best overall, but a
+    sequence alone only chooses between plain and K_max, and K = 4 still beats plain (14.4 vs 12.5/s)."""
+    costs = StepCosts()
+    for block in (1, 2, 3, 4, 5):
+        costs.observe_target(1, block, 0.080)
+    costs.observe_draft(1, 4, 4 * 0.020)
+    odds = [DraftOdds.independent(0.6, 4)]
+    assert plan_step(costs, odds, caps=[10], fixed=[None], k_max=4) == [2]
+    assert plan_step(costs, odds, caps=[10], fixed=[None], k_max=4, choices=(0, 4)) == [4]
+    costs.observe_draft(1, 4, 4 * 0.060)  # now drafting loses at every K: plain
+    costs.observe_draft(1, 4, 4 * 0.060)
+    costs.observe_draft(1, 4, 4 * 0.060)
+    assert plan_step(costs, odds, caps=[10], fixed=[None], k_max=4, choices=(0, 4)) == [0]
+
+
 def test_plan_respects_caps_and_fixed_lengths():
     ks = plan_step(_costs(0.0), _odds(0.9, 3), caps=[0, 2, 10], fixed=[None, None, 3], k_max=4)
     assert ks == [0, 2, 3]
@@ -308,6 +324,26 @@ def _run_scheduler(
     finally:
         scheduler.stop()
     return scheduler, [texts[i] for i in range(len(prompts))], [reference(encode(p), 40) for p in prompts]
+
+
+def test_a_sequence_alone_plans_only_plain_or_the_longest_drafts(monkeypatch):
+    """The scheduler hands plan_step the choices (0, K_max) when one sequence runs, all Ks otherwise."""
+    import augury.scheduler as scheduler_module
+
+    calls = []
+
+    def recording(costs, odds, *args, **kwargs):
+        calls.append((len(odds), kwargs.get("choices")))
+        return plan_step(costs, odds, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "plan_step", recording)
+    _, got, want = _run_scheduler(lambda rows, block: 0.0, prompts=("one",))
+    assert got == want
+    assert calls and all(choices == (0, 4) for rows, choices in calls if rows == 1)
+    calls.clear()
+    _run_scheduler(lambda rows, block: 0.0, prompts=("one", "two words"))
+    assert any(rows == 2 for rows, _ in calls)
+    assert all(choices is None for rows, choices in calls if rows > 1)
 
 
 def test_scheduler_drafts_when_verification_is_cheap():
