@@ -327,7 +327,7 @@ def _run_scheduler(
 
 
 def test_a_sequence_alone_plans_only_plain_or_the_longest_drafts(monkeypatch):
-    """The scheduler hands plan_step the choices (0, K_max) when one sequence runs, all Ks otherwise."""
+    """The scheduler hands plan_step the choices (0, K_max) when one sequence runs, every K otherwise."""
     import augury.scheduler as scheduler_module
 
     calls = []
@@ -343,7 +343,7 @@ def test_a_sequence_alone_plans_only_plain_or_the_longest_drafts(monkeypatch):
     calls.clear()
     _run_scheduler(lambda rows, block: 0.0, prompts=("one", "two words"))
     assert any(rows == 2 for rows, _ in calls)
-    assert all(choices is None for rows, choices in calls if rows > 1)
+    assert all(tuple(choices) == (0, 1, 2, 3, 4) for rows, choices in calls if rows > 1)
 
 
 def test_scheduler_drafts_when_verification_is_cheap():

@@ -213,10 +213,9 @@ class ShapeCosts:
     times; before that a discounted least-squares line t = a + b * size over
     every observation (one sample of a shape, often a warm-up step that also
     paid for first-touch memory, is too noisy to plan on alone). A median, not
-    a running mean: on a shared machine one step now and then takes twice as
-    long, and a mean that such a hiccup pushed up kept the planner off that
-    shape, which it then never re-measured (at one sequence, K = 1 on a third
-    of the steps, 1.37x over plain where always drafting 4 gave 1.46x).
+    a running mean: on a shared machine a step now and then takes far longer,
+    and a mean that such a hiccup pushed up can keep the planner off that
+    shape, which it then re-measures only at the next probe.
     """
 
     MIN_SAMPLES = 3
@@ -233,11 +232,6 @@ class ShapeCosts:
         self.samples[shape] += 1
         new = (1.0, size, size * size, seconds, size * seconds)
         self._sums = [self.forget * s + x for s, x in zip(self._sums, new)]
-
-    @property
-    def by_shape(self) -> dict[object, float]:
-        """The current estimate of every shape seen."""
-        return {shape: statistics.median(times) for shape, times in self.recent.items()}
 
     def line(self) -> tuple[float, float]:
         """(a, b) of t = a + b * size; b = 0 until observations of different sizes were seen."""
@@ -628,6 +622,13 @@ class Scheduler:
         self._steps += 1
         if not self.config.adaptive_k:
             return [min(self.k_max, cap) for cap in caps]
+        alone = len(requests) == 1
+        # A sequence alone drafts all it may or not at all: a drafter that stops
+        # itself when it doubts already sizes each draft, token by token, better
+        # than averages can; capping it lower only cut confident drafts short
+        # (one client, 6 prompts: 1.27x over plain with the planner's K of 1-4,
+        # 1.37x always drafting 4). Probes and plans both pick from these.
+        candidates = (0, self.k_max) if alone else tuple(range(self.k_max + 1))
         probe = None
         if self._steps <= self.k_max + 1:
             probe = self.k_max + 1 - self._steps  # warm-up: every K once
@@ -642,10 +643,10 @@ class Scheduler:
             if self._planned_k == 0:
                 gap = min(2 * (self._next_probe - self._last_probe), 8 * gap)
             self._last_probe, self._next_probe = self._steps, self._steps + gap
-            below, above = max(self._planned_k - 1, 0), min(self._planned_k + 1, self.k_max)
-            if len(requests) == 1:  # alone, only plain and the longest drafts are candidates (see below)
-                below, above = 0, self.k_max
-            probe = (below, above)[self._probes % 2] if below != above else above
+            lower = [k for k in candidates if k < self._planned_k]
+            higher = [k for k in candidates if k > self._planned_k]
+            neighbours = lower[-1:] + higher[:1]
+            probe = neighbours[self._probes % len(neighbours)]
         if probe is not None:
             # A probe is a measurement, not a decision: it drafts for one
             # sequence only, one whose drafter already runs if any, so it never
@@ -654,7 +655,7 @@ class Scheduler:
             # may start a drafter for a probe: among several sequences with no
             # drafter running, a later probe is skipped, as one drafter start
             # there cost as much as several steps and bought one measurement.
-            may_start = self._steps <= self.k_max + 1 or len(requests) == 1
+            may_start = self._steps <= self.k_max + 1 or alone
             chosen = next((i for i, r in enumerate(requests) if r.started), 0 if may_start else None)
             if chosen is None:
                 return [min(f, cap) if f is not None else 0 for f, cap in zip(fixed, caps)]
@@ -667,13 +668,7 @@ class Scheduler:
         ks = plan_step(
             self.costs, [odds.scaled(self._alpha(r) / max(server_alpha, 1e-3)) for r in requests], caps, fixed,
             self.k_max, batched=self.batched, behind=[self._behind(r) for r in requests],
-            margin=self.DRAFT_MARGIN if len(requests) > 1 else 0.0,
-            # A sequence alone drafts all it may or not at all: a drafter that
-            # stops itself when it doubts already sizes each draft, token by
-            # token, better than averages can; capping it lower only cut
-            # confident drafts short (one client, 6 prompts: 1.27x over plain
-            # with the planner's K of 1-4, 1.37x always drafting 4).
-            choices=(0, self.k_max) if len(requests) == 1 else None,
+            margin=0.0 if alone else self.DRAFT_MARGIN, choices=candidates,
         )
         self._planned_k = max((k for k, f in zip(ks, fixed) if f is None), default=self._planned_k)
         return ks

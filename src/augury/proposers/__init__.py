@@ -36,6 +36,10 @@ class DraftOptions:
     draft_vocab: int = 0  # model drafters: project onto the first N token ids only (0 = full vocabulary)
     draft_quant: str = "int4"  # model and cross drafters: weight format of the draft model ("int4", "int8" or "none")
 
+    def confidence_or(self, default: float) -> float:
+        """The confidence threshold asked for, else the drafter's own default."""
+        return default if self.draft_confidence is None else self.draft_confidence
+
 
 def quantize_draft(draft: Model, fmt: str) -> Model:
     """The draft model with its matmul weights in `fmt` ("int4", "int8"; "none" keeps them).
@@ -66,7 +70,7 @@ def _build_model(target: Model, options: DraftOptions) -> Proposer:
     draft = quantize_draft(draft, options.draft_quant)
     return DraftModelProposer(
         draft, target.config.vocab_size, vocab_limit=options.draft_vocab,
-        confidence=DEFAULT_CONFIDENCE if options.draft_confidence is None else options.draft_confidence,
+        confidence=options.confidence_or(DEFAULT_CONFIDENCE),
     )
 
 

@@ -213,7 +213,6 @@ class CrossTokenizerProposer:
         tokens: list[int] = []
         for step in range(max_steps):
             token = int(logits.argmax())
-            doubted = self.confidence > 0 and float(torch.softmax(logits.float(), -1)[token]) < self.confidence
             ended = token in self.model.tokenizer.eos_ids
             if not ended:
                 drafted.append(token)
@@ -225,13 +224,17 @@ class CrossTokenizerProposer:
                 )
                 break
             tokens = draft_text_to_target(self.target.tokenizer, seq.tokens, text, complete=False)
-            if len(tokens) >= k or step == max_steps - 1 or doubted:
+            if len(tokens) >= k or step == max_steps - 1 or self._doubts(logits, token):
                 break
             logits = self._feed(state, [token])
         vocab = self.target.config.vocab_size
         tokens = tokens[:k]
         tokens = tokens[: next((i for i, t in enumerate(tokens) if t >= vocab), len(tokens))]
         return Draft(tokens)
+
+    def _doubts(self, logits: torch.Tensor, token: int) -> bool:
+        """Whether the drafter's probability of its own pick (logits [V]) is below the confidence threshold."""
+        return self.confidence > 0 and float(torch.softmax(logits.float(), -1)[token]) < self.confidence
 
     def on_verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """Nothing to roll back: the next proposal's prefix match drops what the target did not keep."""
@@ -247,5 +250,5 @@ def build(target: Model, options: DraftOptions) -> CrossTokenizerProposer:
 
     name = options.draft or DEFAULT_CROSS_DRAFT
     draft = load_model(name, dtype=options.dtype, device=options.device, offline=options.offline, exact=False)
-    confidence = DEFAULT_CONFIDENCE if options.draft_confidence is None else options.draft_confidence
-    return CrossTokenizerProposer(quantize_draft(draft, options.draft_quant), target, confidence=confidence)
+    return CrossTokenizerProposer(quantize_draft(draft, options.draft_quant), target,
+                                  confidence=options.confidence_or(DEFAULT_CONFIDENCE))

@@ -233,7 +233,7 @@ def build(target: Model, options: DraftOptions) -> QuantizedProposer:
         raise AuguryError(f"unknown --quant '{options.quant}' (choose from {', '.join(QUANT_FORMATS)})")
     from augury.proposers import quantize_draft
 
-    draft = quantize_draft(target, options.quant)  # int4 falls back to int8 where its kernel does not run
-    draft = Model(name=f"{target.name}:{options.quant}", decoder=draft.decoder, tokenizer=target.tokenizer,
+    decoder = quantize_draft(target, options.quant).decoder  # int4 falls back to int8 where its kernel does not run
+    draft = Model(name=f"{target.name}:{options.quant}", decoder=decoder, tokenizer=target.tokenizer,
                   source=target.source)
     return QuantizedProposer(draft, target.config.vocab_size)
