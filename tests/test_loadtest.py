@@ -134,6 +134,29 @@ def test_small_levels_send_more_rounds_to_reach_the_minimum(two_servers):
     assert report.mismatches() == [] and report.lossless_mismatches() == []
 
 
+def test_repeats_turn_the_order_and_sum_into_one_level(two_servers):
+    """Two repeats per level run off-on-on-off (then on-off-off-on): drift that is linear over a
+    level hits both sides alike. The level's numbers sum its repeats; the table shows their spread."""
+    report = run_load(clients(two_servers), [chat(p) for p in PROMPTS], [1, 2], 1, MAX_TOKENS, repeats=2)
+    assert [(lv.server, lv.concurrency, lv.repeat) for lv in report.levels] == [
+        (SPEC_OFF, 1, 0), (SPEC_ON, 1, 0), (SPEC_ON, 1, 1), (SPEC_OFF, 1, 1),
+        (SPEC_ON, 2, 0), (SPEC_OFF, 2, 0), (SPEC_OFF, 2, 1), (SPEC_ON, 2, 1),
+    ]
+    for c in (1, 2):
+        for server in (SPEC_OFF, SPEC_ON):
+            runs = report.runs(server, c)
+            merged = report.level(server, c)
+            assert merged.wall_s == pytest.approx(sum(r.wall_s for r in runs))
+            assert len(merged.requests) == 2 * c and merged.tokens == sum(r.tokens for r in runs)
+        spread = report.repeat_ratios(c)
+        assert len(spread) == 2
+        assert min(spread) <= report.ratio(c) <= max(spread)  # the summed ratio lies within the repeats'
+        row = next(row for row in report.table().rows if row[0] == str(c))
+        assert row[3] == f"{report.ratio(c):.2f}x ({min(spread):.2f}-{max(spread):.2f})"
+    assert report.mismatches() == [] and report.lossless_mismatches() == []
+    assert report.compared() == 2 * 2 * (1 + 2)
+
+
 class Tampering(EndpointContender):
     """A client that corrupts the n-th answer to one prompt, as a batching bug would."""
 

@@ -29,7 +29,9 @@ from augury.engine import Engine
 from augury.errors import AuguryError
 from augury.proposers.draft_model import DraftModelProposer
 from augury.sampling import SamplingParams
-from augury.scheduler import DraftOdds, DraftTally, Failed, Finished, Scheduler, SchedulerConfig, StepCosts, plan_step
+from augury.scheduler import (
+    DraftOdds, DraftTally, Failed, Finished, ProbeTimer, Scheduler, SchedulerConfig, StepCosts, plan_step
+)
 from augury.server import ServerConfig, create_app
 from tests.tiny import CharTokenizer, tiny_model
 
@@ -197,6 +199,21 @@ def test_tally_prior_continues_the_measured_chain_at_unmeasured_positions():
     assert accept[2] == pytest.approx(accept[1] * ratio, rel=1e-6)
     assert accept[3] == pytest.approx(accept[2] * ratio, rel=1e-6)
     assert accept[3] > DraftTally.PRIOR_ALPHA**4 + 0.2
+
+
+def _probe_steps(timer: ProbeTimer, plans: list[int]) -> list[int]:
+    """The steps at which the timer probes, given the plan in force at each step (step i + 1)."""
+    return [step for step, k in enumerate(plans, 1) if timer.due(step, k)]
+
+
+def test_probes_grow_rarer_while_the_plan_holds_and_return_when_it_changes():
+    """A steady plan doubles the interval up to 8x (a probe away from the best K costs speed);
+    a plan found changed at a probe brings the interval back, so drift is followed again."""
+    # The first probe finds no earlier plan; after it the gaps go 4, 8, 16, then 32 (8x) at most.
+    assert _probe_steps(ProbeTimer(4), [2] * 100) == [4, 8, 16, 32, 64, 96]
+    # The plan changes from 2 to 3 at step 61: the probe at 64 sees it and the gaps start again from 4.
+    assert _probe_steps(ProbeTimer(4), [2] * 60 + [3] * 40) == [4, 8, 16, 32, 64, 68, 76, 92]
+    assert _probe_steps(ProbeTimer(0), [2] * 100) == []
 
 
 def _costs(per_row_token: float, base: float = 0.010) -> StepCosts:

@@ -71,7 +71,10 @@ so the line is fitted from real spread from the start; afterwards every `probe_e
 it tries a neighbour of its current choice (K - 1 or K + 1 in turn), drafting
 for one sequence (whose drafter already runs if any), so the estimates it steers by stay current
 without paying for long drafts under a load where plain decoding is best;
-while K = 0 keeps winning the interval doubles, up to 8x. Seeded sampled
+while the plan keeps its K from one probe to the next the interval doubles,
+up to 8x (a probe away from the best K costs speed: alone, a K = 0 probe
+forgoes a step's drafted tokens; under load, a K = 1 probe widens the whole
+batch's block), and a changed plan brings it back to `probe_every`. Seeded sampled
 requests always draft the configured K, alone: with a seed the output must
 not depend on load.
 """
@@ -286,6 +289,30 @@ class StepCosts:
         self.catch_up_per_token = per_token if old == 0.0 else 0.8 * old + 0.2 * per_token
 
 
+class ProbeTimer:
+    """When to probe: every `every` steps at first, the interval doubling (up to
+    8x) each time the plan is found unchanged at a probe, and reset to `every`
+    when it changed. 0 never probes."""
+
+    MAX_STRETCH = 8
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.gap = every
+        self.next = every
+        self.plan_at_last: int | None = None
+
+    def due(self, step: int, planned_k: int) -> bool:
+        """Whether step `step` probes (and if so, when the next one will)."""
+        if not self.every or step < self.next:
+            return False
+        steady = planned_k == self.plan_at_last
+        self.gap = min(2 * self.gap, self.MAX_STRETCH * self.every) if steady else self.every
+        self.plan_at_last = planned_k
+        self.next = step + self.gap
+        return True
+
+
 @dataclass(frozen=True)
 class DraftOdds:
     """What drafting delivers, per drafted position i (0-based), as measured.
@@ -464,7 +491,7 @@ class Scheduler:
         self._steps = 0
         self._probes = 0
         self._planned_k = 0  # the K the cost model chose last (probes try its neighbours)
-        self._last_probe, self._next_probe = 0, config.probe_every
+        self._probe_timer = ProbeTimer(config.probe_every)
 
     # -- public, any thread -------------------------------------------------------------
 
@@ -632,17 +659,11 @@ class Scheduler:
         probe = None
         if self._steps <= self.k_max + 1:
             probe = self.k_max + 1 - self._steps  # warm-up: every K once
-        elif self.config.probe_every and self._steps >= self._next_probe:
+        elif self._probe_timer.due(self._steps, self._planned_k):
             # Next to the current choice, alternately below and above: enough to
             # follow the best K as costs and acceptance drift, and far cheaper
             # under load than trying the longest drafts when K = 0 is best.
             self._probes += 1
-            # While plain decoding keeps winning, probe ever more rarely (up to
-            # 8x the configured interval): each probe costs a little speed.
-            gap = self.config.probe_every
-            if self._planned_k == 0:
-                gap = min(2 * (self._next_probe - self._last_probe), 8 * gap)
-            self._last_probe, self._next_probe = self._steps, self._steps + gap
             lower = [k for k in candidates if k < self._planned_k]
             higher = [k for k in candidates if k > self._planned_k]
             neighbours = lower[-1:] + higher[:1]

@@ -7,7 +7,11 @@ time: an idle server's engine thread sleeps on a condition variable, so on a
 for the other. Keeping both alive (rather than restarting one per level) means
 each level runs on warm processes with the scheduler's cost model already fitted.
 The order alternates per concurrency level (off then on, then on then off, ...)
-so slow drift of the machine (other jobs, heat) hits both sides alike.
+so slow drift of the machine (other jobs, heat) hits both sides alike. With
+`repeats` R > 1 each level runs R times per server, the order turning at each
+repeat (off on on off ...): drift that is linear over a level then cancels, and
+the spread of the R per-repeat ratios shows how far the machine's noise
+reaches; a level's numbers sum all its repeats.
 
 A level with concurrency c starts c client threads at once (a barrier), each
 sending `requests_per_client` streaming chat completions one after another, or
@@ -122,6 +126,16 @@ class LevelResult:
     concurrency: int
     wall_s: float
     requests: list[RequestResult]
+    repeat: int = 0  # which repeat of the level this was (run_load's `repeats`)
+
+    @classmethod
+    def merged(cls, runs: Sequence["LevelResult"]) -> "LevelResult":
+        """Several repeats of one level as one: their wall times and requests summed."""
+        first = runs[0]
+        if len(runs) == 1:
+            return first
+        return cls(first.server, first.concurrency, sum(r.wall_s for r in runs),
+                   [req for r in runs for req in r.requests], repeat=-1)
 
     @property
     def tokens(self) -> int:
@@ -177,13 +191,24 @@ class Mismatch:
 
 @dataclass
 class LoadReport:
-    levels: list[LevelResult]  # in the order they ran
+    levels: list[LevelResult]  # every run, in the order they ran (repeats of a level included)
     references: dict[str, dict[int, str]]  # server -> prompt -> its text at concurrency 1
     prompt_ids: list[str] = field(default_factory=list)
     settings: dict = field(default_factory=dict)
 
+    def runs(self, server: str, concurrency: int) -> list[LevelResult]:
+        """The repeats of one level on one server, in the order they ran."""
+        return [lv for lv in self.levels if lv.server == server and lv.concurrency == concurrency]
+
     def level(self, server: str, concurrency: int) -> LevelResult | None:
-        return next((lv for lv in self.levels if lv.server == server and lv.concurrency == concurrency), None)
+        """One level on one server, all its repeats summed."""
+        runs = self.runs(server, concurrency)
+        return LevelResult.merged(runs) if runs else None
+
+    def repeat_ratios(self, concurrency: int) -> list[float]:
+        """Spec-on over spec-off tokens/s per repeat of a level (the spread shows the noise)."""
+        pairs = zip(self.runs(SPEC_ON, concurrency), self.runs(SPEC_OFF, concurrency))
+        return [on.tok_s / off.tok_s for on, off in pairs if off.tok_s > 0]
 
     @property
     def concurrencies(self) -> list[int]:
@@ -222,15 +247,19 @@ class LoadReport:
         for c in self.concurrencies:
             off, on = self.level(SPEC_OFF, c), self.level(SPEC_ON, c)
             ratio = self.ratio(c)
+            spread = self.repeat_ratios(c)
+            shown = "—" if ratio is None else f"{ratio:.2f}x"
+            if ratio is not None and len(spread) > 1:
+                shown += f" ({min(spread):.2f}-{max(spread):.2f})"
             rows.append([
                 str(c),
                 f(off and off.tok_s, ".1f"),
                 f(on and on.tok_s, ".1f"),
-                "—" if ratio is None else f"{ratio:.2f}x",
+                shown,
                 f"{f(off and off.ttft_s, '.2f')} / {f(on and on.ttft_s, '.2f')}",
                 f"{f(off and off.tpot_s, '.1f', 1000)} / {f(on and on.tpot_s, '.1f', 1000)}",
             ])
-        headers = ["concurrency", "spec off tok/s", "spec on tok/s", "ratio", "TTFT off / on (s)",
+        headers = ["concurrency", "spec off tok/s", "spec on tok/s", "ratio (repeats' range)", "TTFT off / on (s)",
                    "TPOT off / on (ms)"]
         return Table("Output tokens/s against concurrency", headers, rows)
 
@@ -274,6 +303,7 @@ class LoadReport:
                 {
                     "concurrency": c,
                     "ratio": self.ratio(c),
+                    "repeat_ratios": self.repeat_ratios(c),
                     **{s: lv.to_json() for s in (SPEC_OFF, SPEC_ON) if (lv := self.level(s, c)) is not None},
                 }
                 for c in self.concurrencies
@@ -346,6 +376,7 @@ def run_load(
     max_tokens: int,
     progress: Callable[[str], None] | None = None,
     min_requests: int = 0,
+    repeats: int = 1,
 ) -> LoadReport:
     """Every level on every server (alternating which goes first), plus the concurrency-1 references.
 
@@ -368,15 +399,18 @@ def run_load(
                 "sent alone first as references (and warm-up)")
     levels = []
     for step, c in enumerate(concurrency):
-        order = names if step % 2 == 0 else names[::-1]
-        for name in order:
-            level = run_level(clients[name], name, prompts, c, rounds[c], max_tokens)
-            levels.append(level)
-            if c == 1:
-                for r in level.requests:
-                    references[name].setdefault(r.prompt, r.text)
-            say(f"{LABELS.get(name, name)}, concurrency {c}: {level.tok_s:.1f} tok/s "
-                f"({level.tokens} tokens in {level.wall_s:.1f}s)")
+        for repeat in range(repeats):
+            order = names if (step + repeat) % 2 == 0 else names[::-1]
+            for name in order:
+                level = run_level(clients[name], name, prompts, c, rounds[c], max_tokens)
+                level.repeat = repeat
+                levels.append(level)
+                if c == 1:
+                    for r in level.requests:
+                        references[name].setdefault(r.prompt, r.text)
+                which = f" (repeat {repeat + 1} of {repeats})" if repeats > 1 else ""
+                say(f"{LABELS.get(name, name)}, concurrency {c}{which}: {level.tok_s:.1f} tok/s "
+                    f"({level.tokens} tokens in {level.wall_s:.1f}s)")
     return LoadReport(levels, references)
 
 
@@ -478,6 +512,7 @@ def run_with_servers(
     startup_timeout: float = 600.0,
     progress: Callable[[str], None] | None = None,
     min_requests: int = 0,
+    repeats: int = 1,
 ) -> LoadReport:
     """Start the spec-off and spec-on servers, run the load, and stop both whatever happens.
 
@@ -506,7 +541,8 @@ def run_with_servers(
         for name, server in servers.items():
             clients[name] = EndpointContender(server.base, method=name)
             clients[name].check()
-        return run_load(clients, prompts, concurrency, requests_per_client, max_tokens, progress, min_requests)
+        return run_load(clients, prompts, concurrency, requests_per_client, max_tokens, progress, min_requests,
+                        repeats)
     finally:
         for server in servers.values():
             try:

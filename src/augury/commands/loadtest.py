@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--min-requests", type=int, default=12,
                    help="requests each level sends at least, clients sending more rounds where needed "
                    "(default 12: at one client, 12 prompts rather than 2)")
+    g.add_argument("--repeats", type=int, default=1,
+                   help="run each level this many times per server, turning the order each time (off on on off ...), "
+                   "and show the spread of the per-repeat ratios (default 1)")
     g.add_argument("--max-tokens", "-n", type=int, default=128,
                    help="max_tokens of every request (default 128, as Spec-Bench runs and the peers measured here)")
     g.add_argument("--suite", default=DEFAULT_SUITE,
@@ -59,7 +62,7 @@ def _check_args(args: argparse.Namespace) -> list[int]:
     from augury.bench.load import parse_concurrency
 
     levels = parse_concurrency(args.concurrency)
-    for name in ("requests_per_client", "max_tokens", "k"):
+    for name in ("requests_per_client", "max_tokens", "k", "repeats"):
         if getattr(args, name) < 1:
             raise AuguryError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.min_requests < 0:
@@ -105,12 +108,14 @@ def run_loadtest(args: argparse.Namespace) -> int:
     report = run_with_servers(
         _serve_args(args, max_batch), prompts, levels, args.requests_per_client, args.max_tokens,
         port=args.port, startup_timeout=args.startup_timeout, progress=progress, min_requests=args.min_requests,
+        repeats=args.repeats,
     )
     report.prompt_ids = [p.id for p in suite.prompts]
     report.settings = {
         "model": args.model, "draft": args.draft, "k": args.k, "max_batch": max_batch, "dtype": args.dtype,
         "device": args.device, "suite": args.suite, "prompts": len(prompts), "concurrency": levels,
-        "requests_per_client": args.requests_per_client, "min_requests": args.min_requests, "max_tokens": args.max_tokens, "temperature": 0.0,
+        "requests_per_client": args.requests_per_client, "min_requests": args.min_requests, "repeats": args.repeats,
+        "max_tokens": args.max_tokens, "temperature": 0.0,
     }
     print(report.markdown(), end="")
     if args.out is not None:
