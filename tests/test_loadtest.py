@@ -213,6 +213,26 @@ def test_ratio_goals_and_mismatches_from_known_numbers():
     assert len(data["mismatches"]) == 1 and len(data["lossless_mismatches"]) == 1
 
 
+def test_a_slower_level_says_whether_a_repeat_was_not():
+    """Two repeats at concurrency 8: off 100 tok/s both times; on 102.0 then 90.9 tok/s. Summed,
+    200 tokens in 2.08 s against 2.0 s: 0.96x, slower, but one repeat was not: the note says so.
+    At concurrency 16 both repeats are slower: no such note."""
+    def at(server, c, wall, repeat):
+        level = _level(server, c, wall, [(0, "abc", 100)])
+        level.repeat = repeat
+        return level
+
+    levels = [at(SPEC_OFF, 8, 1.0, 0), at(SPEC_ON, 8, 0.98, 0), at(SPEC_ON, 8, 1.1, 1), at(SPEC_OFF, 8, 1.0, 1),
+              at(SPEC_OFF, 16, 1.0, 0), at(SPEC_ON, 16, 1.05, 0), at(SPEC_ON, 16, 1.1, 1), at(SPEC_OFF, 16, 1.0, 1)]
+    report = LoadReport(levels, {})
+    assert report.repeat_ratios(8) == pytest.approx([1 / 0.98, 1 / 1.1])
+    assert report.ratio(8) == pytest.approx(2.0 / 2.08)
+    assert report.goals() == [
+        "goal: never slower than speculation off: missed at concurrency "
+        "8 (0.96x; repeats 0.909-1.020, one not slower: within this machine's noise), 16 (0.93x)"
+    ]
+
+
 # -- server processes --------------------------------------------------------------------------------
 
 

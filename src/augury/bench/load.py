@@ -271,11 +271,18 @@ class LoadReport:
             verdict = "met" if at_1 >= GOAL_RATIO_AT_1 else "missed"
             lines.append(f"goal: at least {GOAL_RATIO_AT_1}x at concurrency 1: {verdict} ({at_1:.2f}x)")
         ratios = {c: r for c in self.concurrencies if (r := self.ratio(c)) is not None}
-        slower = [f"{c} ({r:.2f}x)" for c, r in ratios.items() if r < 1.0]
+        slower = [f"{c} ({r:.2f}x{self._noise_note(c)})" for c, r in ratios.items() if r < 1.0]
         if ratios:
             verdict = "met" if not slower else "missed at concurrency " + ", ".join(slower)
             lines.append(f"goal: never slower than speculation off: {verdict}")
         return lines
+
+    def _noise_note(self, concurrency: int) -> str:
+        """For a level measured slower: whether some repeat was not (the difference is within the noise)."""
+        spread = self.repeat_ratios(concurrency)
+        if len(spread) > 1 and max(spread) >= 1.0:
+            return f"; repeats {min(spread):.3f}-{max(spread):.3f}, one not slower: within this machine's noise"
+        return ""
 
     def markdown(self) -> str:
         lines = [self.table().markdown()]
