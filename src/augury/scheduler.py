@@ -222,17 +222,15 @@ class ShapeCosts:
     """
 
     MIN_SAMPLES = 3
-    RECENT = 5  # samples per shape the median is taken over
+    RECENT = 5  # samples per shape the median is taken over (at least MIN_SAMPLES)
 
     def __init__(self, forget: float = 0.97) -> None:
         self.forget = forget  # per-observation discount in the least-squares line
-        self.recent: dict[object, collections.deque] = {}
-        self.samples: collections.Counter = collections.Counter()
+        self.recent: dict[object, collections.deque] = {}  # shape -> its last RECENT samples
         self._sums = [0.0] * 5  # discounted sums of w, w*n, w*n^2, w*t, w*n*t
 
     def observe(self, shape: object, size: float, seconds: float) -> None:
         self.recent.setdefault(shape, collections.deque(maxlen=self.RECENT)).append(seconds)
-        self.samples[shape] += 1
         new = (1.0, size, size * size, seconds, size * seconds)
         self._sums = [self.forget * s + x for s, x in zip(self._sums, new)]
 
@@ -248,8 +246,9 @@ class ShapeCosts:
         return a, b
 
     def time(self, shape: object, size: float) -> float:
-        if self.samples[shape] >= self.MIN_SAMPLES:
-            return statistics.median(self.recent[shape])
+        recent = self.recent.get(shape, ())
+        if len(recent) >= self.MIN_SAMPLES:
+            return statistics.median(recent)
         a, b = self.line()
         return a + b * size
 
@@ -279,7 +278,7 @@ class StepCosts:
         self.draft.observe(rows, rows, seconds / rounds)
 
     def draft_round_time(self, rows: int) -> float:
-        if rows > 1 and not any(shape > 1 for shape in self.draft.samples):
+        if rows > 1 and not any(shape > 1 for shape in self.draft.recent):
             return self.draft.time(1, 1) * (1 + self.EXTRA_ROW_SHARE * (rows - 1))
         return self.draft.time(rows, rows)
 
@@ -653,8 +652,8 @@ class Scheduler:
         # A sequence alone drafts all it may or not at all: a drafter that stops
         # itself when it doubts already sizes each draft, token by token, better
         # than averages can; capping it lower only cut confident drafts short
-        # (one client, 6 prompts: 1.27x over plain with the planner's K of 1-4,
-        # 1.37x always drafting 4). Probes and plans both pick from these.
+        # (one client, 6 prompts, in process: 1.27x over plain while the planner
+        # chose K of 1-4 alone, 1.34x with 0 or 4). Probes and plans both pick from these.
         candidates = (0, self.k_max) if alone else tuple(range(self.k_max + 1))
         probe = None
         if self._steps <= self.k_max + 1:

@@ -126,7 +126,7 @@ class LevelResult:
     concurrency: int
     wall_s: float
     requests: list[RequestResult]
-    repeat: int = 0  # which repeat of the level this was (run_load's `repeats`)
+    repeat: int = 0  # which repeat of the level this was (run_load's `repeats`); -1: several summed
 
     @classmethod
     def merged(cls, runs: Sequence["LevelResult"]) -> "LevelResult":
