@@ -290,8 +290,8 @@ class Recording:
         self.proposed += 1
         return Draft(self.draft[:k])
 
-    def on_verified(self, seq, num_drafted, num_accepted):
-        self.verified.append((num_drafted, num_accepted))
+    def on_step(self, seq, result, hidden):
+        self.verified.append((result.num_drafted, result.num_accepted))
 
     def finish(self, seq):
         pass
@@ -300,16 +300,18 @@ class Recording:
 @pytest.mark.parametrize(
     "matched, k, expect", [([1, 2], 4, "matcher"), ([1], 4, "model"), ([], 4, "model"), ([1], 1, "matcher")]
 )
-def test_hybrid_routes_and_forwards_feedback_to_the_part_that_proposed(matched, k, expect):
+def test_hybrid_routes_drafts_and_both_parts_hear_every_step(matched, k, expect):
+    from augury.verify import VerifyResult
+
     matcher, model = Recording(matched), Recording([5, 5, 5, 5])
     hybrid = HybridProposer(matcher, model, min_match_tokens=2)
     seq = seq_of([0, 1, 2])
     hybrid.start(seq)
     draft = hybrid.propose(seq, k)
-    hybrid.on_verified(seq, len(draft), 0)
-    chosen, other = (matcher, model) if expect == "matcher" else (model, matcher)
+    hybrid.on_step(seq, VerifyResult(len(draft), 0, [7]), None)
+    chosen = matcher if expect == "matcher" else model
     assert draft.tokens == chosen.draft[:k]
-    assert chosen.verified == [(len(draft), 0)] and other.verified == []
+    assert matcher.verified == model.verified == [(len(draft), 0)]
     assert model.proposed == (expect == "model")
 
 
@@ -323,13 +325,15 @@ def test_hybrid_model_drafter_stays_in_sync_when_the_matcher_drafts():
     target = tiny_model(vocab=8)
     model = DraftModelProposer(tiny_model(vocab=8), 8)
     recorded: list[tuple[int, int]] = []
-    on_verified = model.on_verified
+    on_step = model.on_step
 
-    def record(seq, num_drafted, num_accepted):
-        recorded.append((num_drafted, num_accepted))
-        on_verified(seq, num_drafted, num_accepted)
+    def record(seq, result, hidden):
+        drafted = len(model.states[seq.id].drafted)
+        if drafted:  # a step the model drafted for (not one the matcher drafted)
+            recorded.append((drafted, result.num_accepted))
+        on_step(seq, result, hidden)
 
-    model.on_verified = record
+    model.on_step = record
     hybrid = HybridProposer(SuffixProposer(1), model, min_match_tokens=2)
     prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
     result = Engine(target, hybrid, k=4).generate(prompt, GREEDY)

@@ -441,6 +441,7 @@ def test_batched_drafting_equals_drafting_one_sequence_at_a_time(temperature):
     different lengths) gives each sequence the draft it gets alone."""
     from augury.proposers.base import Sequence
     from augury.proposers.draft_model import DraftModelProposer
+    from augury.verify import VerifyResult
 
     draft = tiny_model(vocab=40, seed=5, layers=2, hidden=64)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]
@@ -466,8 +467,7 @@ def test_batched_drafting_equals_drafting_one_sequence_at_a_time(temperature):
                 # on, the others one), then one token of the target's.
                 accepted = min(len(d), (step + i) % 3 + 1)
                 seq.tokens += d.tokens[:accepted] + [(step * 7 + i) % 40]
-                if len(d):
-                    proposer.on_verified(seq, len(d), accepted)
+                proposer.on_step(seq, VerifyResult(len(d), accepted, d.tokens[:accepted] + [seq.tokens[-1]]), None)
         return rounds, proposer.forwards
 
     alone, forwards_alone = run(False)

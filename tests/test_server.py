@@ -29,9 +29,8 @@ from augury.engine import Engine
 from augury.errors import AuguryError
 from augury.proposers.draft_model import DraftModelProposer
 from augury.sampling import SamplingParams
-from augury.scheduler import (
-    DraftOdds, DraftTally, Failed, Finished, ProbeTimer, Scheduler, SchedulerConfig, StepCosts, plan_step
-)
+from augury.planner import DraftOdds, DraftTally, ProbeTimer, StepCosts, plan_step
+from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig
 from augury.server import ServerConfig, create_app
 from tests.tiny import CharTokenizer, tiny_model
 
@@ -345,7 +344,7 @@ def _run_scheduler(
 
 def test_a_sequence_alone_plans_only_plain_or_the_longest_drafts(monkeypatch):
     """The scheduler hands plan_step the choices (0, K_max) when one sequence runs, every K otherwise."""
-    import augury.scheduler as scheduler_module
+    import augury.planner as planner_module
 
     calls = []
 
@@ -353,7 +352,7 @@ def test_a_sequence_alone_plans_only_plain_or_the_longest_drafts(monkeypatch):
         calls.append((len(odds), kwargs.get("choices")))
         return plan_step(costs, odds, *args, **kwargs)
 
-    monkeypatch.setattr(scheduler_module, "plan_step", recording)
+    monkeypatch.setattr(planner_module, "plan_step", recording)
     _, got, want = _run_scheduler(lambda rows, block: 0.0, prompts=("one",))
     assert got == want
     assert calls and all(choices == (0, 4) for rows, choices in calls if rows == 1)
@@ -378,7 +377,7 @@ def test_scheduler_stops_drafting_when_verification_is_expensive():
     s = scheduler.stats
     # Warm-up tries K = 4, 3, 2, 1 once (10 drafted tokens per row); after that only plain steps.
     assert s.drafted <= 4 * 10 + 4 * 4, f"kept drafting ({s.drafted} drafted for {s.generated_tokens} tokens)"
-    assert scheduler.costs.target_time(4, 1) < scheduler.costs.target_time(4, 2)
+    assert scheduler.planner.costs.target_time(4, 1) < scheduler.planner.costs.target_time(4, 2)
 
 
 @pytest.mark.parametrize("probe_every", [0, 3])

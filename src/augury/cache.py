@@ -35,11 +35,28 @@ class KVCache:
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_len = max_len
-        self.lengths: list[int] = [0] * batch_size
+        # One length list per pool; a view of rows (see `rows`) reads and
+        # writes its slice of it, so a pool's lengths are always current.
+        self._all_lengths: list[int] = [0] * batch_size
+        self._span = (0, batch_size)
+
+    @property
+    def lengths(self) -> list[int]:
+        """Valid slots per sequence (a copy: change it through advance, truncate, reset)."""
+        start, stop = self._span
+        return self._all_lengths[start:stop]
+
+    @lengths.setter
+    def lengths(self, values: list[int]) -> None:
+        start, stop = self._span
+        if len(values) != stop - start:
+            raise ValueError(f"{len(values)} lengths for a cache of {stop - start} sequences")
+        self._all_lengths[start:stop] = values
 
     @property
     def batch_size(self) -> int:
-        return len(self.lengths)
+        start, stop = self._span
+        return stop - start
 
     def write(self, layer: int, k_new: Tensor, v_new: Tensor) -> None:
         """Store a block of new K/V right after each sequence's current length.
@@ -88,15 +105,29 @@ class KVCache:
 
         A batching scheduler keeps its running sequences in the first rows of
         one preallocated pool and runs each step on a view of just those rows:
-        forwards write straight into the pool, nothing is copied. The view
-        has its own length list (a copy of these rows' lengths).
+        forwards write straight into the pool, nothing is copied. The view's
+        lengths are the pool's lengths of those rows (writing one writes both).
         """
+        if not 0 <= start <= stop <= self.batch_size:
+            raise ValueError(f"rows {start}..{stop} outside a cache of {self.batch_size} sequences")
         view = object.__new__(KVCache)
         view.keys = [k[start:stop] for k in self.keys]
         view.values = [v[start:stop] for v in self.values]
         view.max_len = self.max_len
-        view.lengths = self.lengths[start:stop]
+        view._all_lengths = self._all_lengths
+        base = self._span[0]
+        view._span = (base + start, base + stop)
         return view
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Copy sequence src's valid slots and length into row dst (a batch closing a hole)."""
+        n = self.lengths[src]
+        for keys, values in zip(self.keys, self.values):
+            keys[dst, :, :n] = keys[src, :, :n]
+            values[dst, :, :n] = values[src, :, :n]
+        lengths = self.lengths
+        lengths[dst] = n
+        self.lengths = lengths
 
     def compact(self, batch_index: int, start: int, keep: Tensor) -> None:
         """Keep only the slots `start + keep[i]` of one sequence, moved to `start + i`.
@@ -110,7 +141,9 @@ class KVCache:
         for keys, values in zip(self.keys, self.values):
             keys[batch_index, :, start : start + n] = keys[batch_index, :, src]
             values[batch_index, :, start : start + n] = values[batch_index, :, src]
-        self.lengths[batch_index] = start + n
+        lengths = self.lengths
+        lengths[batch_index] = start + n
+        self.lengths = lengths
 
     def check_room(self, n: int) -> None:
         """Raise if any sequence cannot take n more slots."""

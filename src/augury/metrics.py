@@ -19,7 +19,6 @@ class SpecStats:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0  # verification (decode) forwards of the target
-    committed_in_steps: int = 0  # tokens verification produced (accepted + 1 per step)
     target_forwards: int = 0  # including prefill
     draft_forwards: int = 0
     drafted_at: list[int] = field(default_factory=list)  # per draft position: times a token was drafted there
@@ -35,7 +34,6 @@ class SpecStats:
         self.target_forwards += 1
         self.drafted += num_drafted
         self.accepted += num_accepted
-        self.committed_in_steps += num_accepted + 1
         while len(self.drafted_at) < num_drafted:
             self.drafted_at.append(0)
             self.accepted_at.append(0)
@@ -43,6 +41,11 @@ class SpecStats:
             self.drafted_at[i] += 1
             if i < num_accepted:
                 self.accepted_at[i] += 1
+
+    @property
+    def committed_in_steps(self) -> int:
+        """Tokens verification produced: the accepted ones plus one per step."""
+        return self.accepted + self.steps
 
     @property
     def alpha(self) -> float:
@@ -87,6 +90,7 @@ class SpecStats:
     def to_dict(self) -> dict:
         data = asdict(self)
         data.update(
+            committed_in_steps=self.committed_in_steps,
             alpha=self.alpha,
             tau=self.tau,
             tokens_per_s=self.tokens_per_s,

@@ -10,21 +10,19 @@ positions and an optional block mask, appends their K/V to the cache and
 returns logits for the rows asked for. Plain decoding (T = 1), prefill,
 verification of a K-token chain and of a token tree all use this one path.
 
-Batch invariance: on this CPU (oneDNN/MKL) a matmul's row comes out bitwise
-the same whatever the row count, with exceptions that padding removes: in bf16
-a single row takes a GEMV path that rounds differently (pad to 2 rows); in
-fp32 rows in a trailing partial group of 4 take another kernel (pad to a
-multiple of 4). Padding every forward that way (`pad_rows`) makes a token's logits
-the same bits whether it was decoded alone or verified inside a block of
-drafted tokens: speculative greedy output then equals plain greedy output
-exactly, not merely up to near-ties. The padding is free in bf16 (two rows
-cost no more than one) and is on by default; `exact=False` turns it off.
-bf16 weights packed for oneDNN (`OneDnnWeight`, what the loader uses on CPU)
-are invariant over every row count >= 2, so they need only the 2-row minimum.
+Batch invariance: a CPU matmul's row comes out bitwise the same whatever
+the row count only for some row counts: libraries pick kernels by the number
+of rows, and kernels round differently. Padding every forward to row counts
+that are invariant on this machine (`pad_rows`, measured at load by
+`calibration.calibrate`) makes a token's logits the same bits whether it was
+decoded alone or verified inside a block of drafted tokens: speculative greedy
+output then equals plain greedy output exactly, not merely up to near-ties.
+`exact=False` turns the padding off.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
@@ -33,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from augury.cache import CacheGroup, KVCache
+from augury.calibration import NO_PADDING, RowPadding, calibrate
 
 
 @dataclass(frozen=True)
@@ -247,12 +246,21 @@ class Decoder:
     per-call overhead (which matters for a drafter on a CPU) minimal.
     """
 
-    def __init__(self, config: ModelConfig, weights: Weights, *, exact: bool = True) -> None:
+    def __init__(
+        self, config: ModelConfig, weights: Weights, *, exact: bool = True, padding: RowPadding | None = None
+    ) -> None:
+        """padding: the batch-invariant row padding measured for these weights on this machine
+        (the loader caches it); None measures it here when exact."""
         self.config = config
         self.weights = weights
         self.dtype = weights.embed.dtype
         self.device = weights.embed.device
-        self.row_multiple, self.min_rows = invariant_rows(self.dtype, self.device) if exact else (1, 1)
+        if not exact or self.device.type != "cpu":
+            # GPUs give no such guarantee for their split-K kernels, so nothing is padded there.
+            padding = NO_PADDING
+        elif padding is None:
+            padding = measure_padding(weights, self.dtype)
+        self.padding = padding
         self.rope_global = RopeTable(config.head_dim, config.rope_theta, self.dtype, self.device)
         self.rope_local = (
             RopeTable(config.head_dim, config.rope_theta_local, self.dtype, self.device)
@@ -280,8 +288,7 @@ class Decoder:
 
     def pad_rows(self, rows: int) -> int:
         """How many rows a matmul over `rows` real rows is padded to (see module doc)."""
-        padded = max(rows, self.min_rows)
-        return -(-padded // self.row_multiple) * self.row_multiple
+        return self.padding.pad(rows)
 
     def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
         """An empty KV cache for this model; max_len defaults to the context length."""
@@ -291,7 +298,7 @@ class Decoder:
             batch_size,
             c.num_kv_heads,
             c.head_dim,
-            (max_len or c.context_length) + 8,  # room for padding rows (see pad_rows)
+            (max_len or c.context_length) + max(8, self.pad_rows(1)),  # room for padding rows (see pad_rows)
             dtype=self.dtype,
             device=self.device,
         )
@@ -306,6 +313,7 @@ class Decoder:
         block_mask: Tensor | None = None,
         logits_rows: Tensor | slice | None = None,
         return_hidden: bool = False,
+        hidden_layers: tuple[int, ...] = (),
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Run a block of new tokens and append their K/V to the cache.
 
@@ -315,8 +323,11 @@ class Decoder:
             sees (default causal); the cached prefix is always visible.
         logits_rows: which of the T rows to project to logits (index tensor or
             slice); default all.
-        Returns logits [B, R, V] in fp32 and, with return_hidden, the final
-        normed hidden states [B, T, hidden].
+        Returns logits [B, R, V] in fp32 and, with return_hidden, hidden
+        states [B, T, hidden * (len(hidden_layers) + 1)]: the outputs of the
+        given layers (the residual stream after each, in the order given), then
+        the final normed state, concatenated on the last axis (EAGLE-3 style
+        drafters read several depths; MTP/EAGLE-1 heads read the last).
 
         Every sequence's cache length grows by T; callers truncate what they
         do not keep.
@@ -339,13 +350,14 @@ class Decoder:
             if block_mask is not None:
                 block_mask = _pad_block_mask(block_mask, t_padded)
         cache.check_room(tokens.shape[1])
-        hidden = self._run_layers(tokens, positions, cache, block_mask, t_real)
+        hidden = self._run_layers(tokens, positions, cache, block_mask, t_real, hidden_layers)
         if padded:
             cache.truncate([n - (t_padded - t_real) for n in cache.lengths])
 
         if padded:
             hidden = hidden[:, :t_real]
-        logits = self._project(hidden if logits_rows is None else hidden[:, logits_rows])
+        final = hidden[..., -self.config.hidden_size :] if hidden_layers else hidden
+        logits = self._project(final if logits_rows is None else final[:, logits_rows])
         if return_hidden:
             return logits, hidden
         return logits
@@ -361,8 +373,15 @@ class Decoder:
         return logits.float().view(batch, r, -1)
 
     def _run_layers(
-        self, tokens: Tensor, positions: Tensor, cache: KVCache, block_mask: Tensor | None, real_rows: int
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: KVCache,
+        block_mask: Tensor | None,
+        real_rows: int,
+        hidden_layers: tuple[int, ...] = (),
     ) -> Tensor:
+        """The final normed states [B, T, hidden], after the outputs of `hidden_layers` if any are asked for."""
         c = self.config
         w = self.weights
         batch, t = tokens.shape
@@ -388,6 +407,7 @@ class Decoder:
             )
         rope_global = self.rope_global.lookup(positions)
         rope_local = self.rope_local.lookup(positions) if self.rope_local is not self.rope_global else rope_global
+        taken: dict[int, Tensor] = {}
         for i, layer in enumerate(w.layers):
             sliding = c.is_sliding(i)
             h = rms_norm(x, layer.attn_norm, c.rms_eps)
@@ -403,8 +423,13 @@ class Decoder:
             if layer.post_mlp_norm is not None:
                 h = rms_norm(h, layer.post_mlp_norm, c.rms_eps)
             x = x + h
+            if i in hidden_layers:
+                taken[i] = x
         cache.advance(t)
-        return rms_norm(x, w.final_norm, c.rms_eps)
+        final = rms_norm(x, w.final_norm, c.rms_eps)
+        if not hidden_layers:
+            return final
+        return torch.cat([taken[i] for i in hidden_layers] + [final], dim=-1)
 
     def _attention(
         self,
@@ -471,14 +496,47 @@ class Decoder:
         return linear(act * up, layer.w_down)
 
 
-def invariant_rows(dtype: torch.dtype, device: torch.device) -> tuple[int, int]:
-    """(row multiple, minimum rows) that make matmul rows bitwise batch invariant (measured on CPU).
+def weight_kinds(weights: Weights) -> list[str]:
+    """The formats of a model's matmul weights (what its batch invariance depends on)."""
+    layer = weights.layers[0]
+    return [type(getattr(layer, name)).__name__ for name in LINEAR_FIELDS] + [type(weights.lm_head).__name__]
 
-    GPUs give no such guarantee for their split-K kernels, so nothing is padded there.
+
+def measure_padding(weights: Weights, dtype: torch.dtype) -> RowPadding:
+    """Calibrate the row padding on one layer's matmul weights and a slice of the output head.
+
+    Every layer has the same shapes, so one layer shows each kernel choice; the
+    head is sliced to keep the measurement short (its row count, not its
+    width, is what picks the kernel). Models of the same formats and shapes
+    share one measurement per process (tests build many tiny models).
     """
-    if device.type != "cpu":
-        return 1, 1
-    return (4, 4) if dtype == torch.float32 else (1, 2)
+    layer = weights.layers[0]
+    shapes = tuple(tuple(getattr(layer, name).shape) for name in LINEAR_FIELDS) + (tuple(weights.lm_head.shape),)
+    return _measure_padding_once(_SameShapes(weights, (str(dtype), *weight_kinds(weights), *shapes)), dtype)
+
+
+class _SameShapes:
+    """Weights compared by what their padding depends on (formats and shapes), for memoizing."""
+
+    def __init__(self, weights: Weights, key: tuple) -> None:
+        self.weights, self.key = weights, key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SameShapes) and self.key == other.key
+
+
+@functools.lru_cache(maxsize=32)
+def _measure_padding_once(same: _SameShapes, dtype: torch.dtype) -> RowPadding:
+    weights = same.weights
+    layer = weights.layers[0]
+    mats = [getattr(layer, name) for name in LINEAR_FIELDS]
+    head = weights.lm_head
+    mats.append(head[: min(4096, head.shape[0])])
+    linears = [lambda x, w=w: linear(x, w) for w in mats]
+    return calibrate(linears, [w.shape[1] for w in mats], dtype)
 
 
 def _pad_block_mask(block_mask: Tensor, rows: int) -> Tensor:

@@ -140,6 +140,22 @@ def _save_atomic(folder: Path, config: ModelConfig, tokenizer: Tokenizer, flat: 
     os.replace(tmp, target)
 
 
+def _padding(weights: Weights, dtype: torch.dtype, device: torch.device, cached: Path | None, exact: bool):
+    """The batch-invariant row padding for these weights on this machine: measured once, cached with the model."""
+    if not exact or device.type != "cpu":
+        return None  # the decoder pads nothing then
+    from augury.calibration import load_or_calibrate, machine_key
+    from augury.models.decoder import measure_padding, weight_kinds
+
+    key = machine_key(dtype, weight_kinds(weights))
+    path = cached / f"padding-{key}.json" if cached is not None else None
+    padding = load_or_calibrate(path, key, lambda: measure_padding(weights, dtype))
+    if padding.checked_rows < 8:
+        print(f"augury: warning: matmul rows on this machine are batch invariant only up to {padding.checked_rows} "
+              "rows; speculative greedy output may differ from plain decoding at near-ties", file=sys.stderr)
+    return padding
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -187,5 +203,5 @@ def load_model(
     weights = weights_from_flat(flat, config)
     if packing:
         weights = pack_weights(weights)
-    decoder = Decoder(config, weights, exact=exact)
+    decoder = Decoder(config, weights, exact=exact, padding=_padding(weights, torch_dtype, torch_device, cached, exact))
     return Model(name=name_or_path, decoder=decoder, tokenizer=tokenizer, source=source)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers.base import Draft, Proposer, Sequence, StatelessProposer
+from augury.proposers.base import Draft, Proposer, Sequence, ProposerBase
 
-__all__ = ["Draft", "DraftOptions", "Proposer", "Sequence", "StatelessProposer", "build_proposer", "METHODS"]
+__all__ = ["Draft", "DraftOptions", "Proposer", "Sequence", "ProposerBase", "build_proposer", "METHODS"]
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """The one interface every drafter implements.
 
 A proposer sees a sequence (prompt plus committed tokens), proposes up to k
-next tokens, and hears back how many the target accepted so it can roll back
-whatever state it keeps (a KV cache, a match pointer) and adapt.
+next tokens, and hears back after every target step what was committed (and,
+if it asks, the target's hidden states there) so it can roll back whatever
+state it keeps (a KV cache, a match pointer) and adapt.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor
 
 from augury.sampling import SamplingParams
+from augury.verify import VerifyResult
 
 _ids = itertools.count()
 
@@ -64,18 +66,44 @@ class Draft:
 
 @runtime_checkable
 class Proposer(Protocol):
-    """A drafter. Implementations keep per-sequence state keyed by Sequence.id."""
+    """A drafter. Implementations keep per-sequence state keyed by Sequence.id.
+
+    What a proposer needs from the drivers it declares, so that no driver can
+    skip it by accident:
+    - needs_hidden: it reads the target's hidden states; it is then started
+      right after the target's prefill with the prompt's states, and after every
+      step it receives the states of the newly cached positions.
+    - hidden_layers: decoder layers whose outputs it wants next to the final
+      normed state (concatenated on the last axis, see `Decoder.forward`).
+    - needs_every_step: it must hear every step from the prompt on (drafted or
+      not), so it is started with the prompt and never left out. A proposer
+      without it is started lazily, on the first step that drafts for the
+      sequence, and must catch up by itself on what it missed.
+    """
 
     name: str
+    needs_hidden: bool
+    needs_every_step: bool
+    hidden_layers: tuple[int, ...]
 
-    def start(self, seq: Sequence) -> None:
-        """A new sequence begins (its prompt is in seq.tokens): set up state, prefill."""
+    def start(self, seq: Sequence, prompt_hidden: Tensor | None = None) -> None:
+        """A new sequence begins (seq.tokens holds what the target has committed so far).
+
+        prompt_hidden: [len(seq.tokens) - 1, H'] the target's states of the
+        cached tokens (every token but the last committed one), or None.
+        """
 
     def propose(self, seq: Sequence, k: int) -> Draft:
         """Up to k next tokens after seq.tokens."""
 
-    def on_verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
-        """The target kept num_accepted drafted tokens; seq.tokens now holds them plus one more."""
+    def on_step(self, seq: Sequence, result: VerifyResult, hidden: Tensor | None) -> None:
+        """A target step committed result.tokens (seq.tokens now ends with them), drafted or not.
+
+        Roll back whatever the proposer drafted past what was accepted. hidden:
+        [n, H'] the target's states of the n positions this step added to its
+        cache (the token before the draft, then the accepted ones), for
+        proposers with needs_hidden, else None.
+        """
 
     def finish(self, seq: Sequence) -> None:
         """The sequence ended: free its state."""
@@ -103,17 +131,22 @@ def batches(proposer: Proposer) -> bool:
     return hasattr(proposer, "propose_batch")
 
 
-class StatelessProposer:
-    """Base for drafters that need no per-sequence cleanup (matchers over seq.tokens)."""
+class ProposerBase:
+    """Defaults for the protocol's declarations and hooks: override what a drafter uses."""
 
-    name = "stateless"
+    name = "base"
+    needs_hidden = False
+    needs_every_step = False
+    hidden_layers: tuple[int, ...] = ()
     forwards = 0
 
-    def start(self, seq: Sequence) -> None:
+    def start(self, seq: Sequence, prompt_hidden: Tensor | None = None) -> None:
         pass
 
-    def on_verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+    def on_step(self, seq: Sequence, result: VerifyResult, hidden: Tensor | None) -> None:
         pass
 
     def finish(self, seq: Sequence) -> None:
         pass
+
+

@@ -36,7 +36,7 @@ from augury.cache import KVCache
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers import DraftOptions
-from augury.proposers.base import Draft, Sequence
+from augury.proposers.base import Draft, ProposerBase, Sequence
 
 DEFAULT_CROSS_DRAFT = "smollm2-135m-instruct"
 WINDOW_CHARS = 256  # recent text re-tokenized for the drafter every step (between 1 and 2 windows)
@@ -125,8 +125,12 @@ class _CrossState:
     trusted: int = 0  # ids[:trusted] == frozen_ids[:trusted], known without comparing
 
 
-class CrossTokenizerProposer:
-    """Drafting with a model whose tokenizer differs from the target's, through text."""
+class CrossTokenizerProposer(ProposerBase):
+    """Drafting with a model whose tokenizer differs from the target's, through text.
+
+    Nothing to roll back after a step (the base class's `on_step`): the next
+    proposal's prefix match drops what the target did not keep.
+    """
 
     name = "cross"
 
@@ -151,7 +155,7 @@ class CrossTokenizerProposer:
     def forwards(self) -> int:
         return self._forwards
 
-    def start(self, seq: Sequence) -> None:
+    def start(self, seq: Sequence, prompt_hidden=None) -> None:
         context = TextTracker(self.target.tokenizer)
         context.update(seq.tokens)
         # No drafter token is shorter than a byte, and a target token rarely
@@ -235,9 +239,6 @@ class CrossTokenizerProposer:
     def _doubts(self, logits: torch.Tensor, token: int) -> bool:
         """Whether the drafter's probability of its own pick (logits [V]) is below the confidence threshold."""
         return self.confidence > 0 and float(torch.softmax(logits.float(), -1)[token]) < self.confidence
-
-    def on_verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
-        """Nothing to roll back: the next proposal's prefix match drops what the target did not keep."""
 
     def finish(self, seq: Sequence) -> None:
         self.states.pop(seq.id, None)

@@ -28,8 +28,9 @@ import torch
 from augury.cache import CacheGroup, KVCache
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers.base import Draft, Sequence
+from augury.proposers.base import Draft, ProposerBase, Sequence
 from augury.sampling import probabilities, sample
+from augury.verify import VerifyResult
 
 
 # A Qwen2.5 0.5B drafting for its 1.5B sibling: a guess below even odds is
@@ -55,7 +56,7 @@ def check_same_vocabulary(target: Model, draft: Model) -> None:
         )
 
 
-class DraftModelProposer:
+class DraftModelProposer(ProposerBase):
     """Drafting with a smaller model of the same family (same tokenizer)."""
 
     name = "model"
@@ -80,7 +81,7 @@ class DraftModelProposer:
     def forwards(self) -> int:
         return self._forwards
 
-    def start(self, seq: Sequence) -> None:
+    def start(self, seq: Sequence, prompt_hidden=None) -> None:
         max_len = len(seq.tokens) + seq.params.max_tokens + 64
         cache = self.decoder.new_cache(1, max_len)
         state = _DraftState(cache=cache, fed=0, drafted=[])
@@ -172,12 +173,20 @@ class DraftModelProposer:
             q_draft = torch.nn.functional.pad(q_draft, (0, self.target_vocab_size - q_draft.shape[-1]))
         return q_draft[:, : self.target_vocab_size]
 
-    def on_verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+    def on_step(self, seq: Sequence, result: VerifyResult, hidden=None) -> None:
+        """Roll the cache back to the committed tokens it holds.
+
+        After drafting, the cache holds the old tokens plus its own drafted[:-1]
+        (the last drafted token was never fed); it keeps the old tokens and the
+        accepted ones. A step it did not draft for (plain, or another part of a
+        hybrid drafted) leaves nothing of its own to drop: its next proposal
+        feeds whatever it has not seen.
+        """
         state = self.states[seq.id]
-        # The cache holds the old tokens plus drafted[:k-1] (the last drafted
-        # token was never fed). Keep the old tokens and the accepted ones.
-        old = len(seq.tokens) - num_accepted - 1
-        keep = old + min(num_accepted, max(num_drafted - 1, 0))
+        drafted = len(state.drafted)
+        accepted = result.num_accepted if drafted else 0
+        old = len(seq.tokens) - len(result.tokens)
+        keep = old + min(accepted, max(drafted - 1, 0))
         state.fed = min(state.fed, keep)
         state.cache.truncate(state.fed)
         state.drafted = []

@@ -9,8 +9,8 @@ and a longer continuation means the match kept holding in the text, so this
 asks a little more than the matcher's own minimum before skipping the model;
 with k = 1 any matched token is as long as the model's draft and is taken.
 
-Whichever part proposed hears the verification. The draft model is simply not
-told about steps it sat out: its cache then still holds a prefix of the
+Both parts hear every step and each rolls back only what it drafted itself.
+After a step the draft model sat out, its cache still holds a prefix of the
 committed tokens, and its next propose feeds whatever it has not seen, so its
 state stays consistent without any replay. Both parts' drafts go through the
 same verifier, so the output is the target's whichever proposed.
@@ -21,11 +21,12 @@ from __future__ import annotations
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers import METHODS, DraftOptions, Proposer
-from augury.proposers.base import Draft, Sequence, propose_batch
+from augury.proposers.base import Draft, ProposerBase, Sequence, propose_batch
 from augury.proposers.suffix import build as build_suffix
+from augury.verify import VerifyResult
 
 
-class HybridProposer:
+class HybridProposer(ProposerBase):
     """The matcher when its draft is long enough, the model drafter otherwise."""
 
     name = "hybrid"
@@ -42,7 +43,7 @@ class HybridProposer:
     def forwards(self) -> int:
         return self.matcher.forwards + self.model.forwards
 
-    def start(self, seq: Sequence) -> None:
+    def start(self, seq: Sequence, prompt_hidden=None) -> None:
         self.matcher.start(seq)
         self.model.start(seq)
 
@@ -67,10 +68,11 @@ class HybridProposer:
                 drafts[i] = draft
         return drafts
 
-    def on_verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
-        part = self.proposed_by.pop(seq.id, None)
-        if part is not None:
-            part.on_verified(seq, num_drafted, num_accepted)
+    def on_step(self, seq: Sequence, result: VerifyResult, hidden=None) -> None:
+        """Both parts hear every step; each rolls back only what it drafted itself."""
+        self.proposed_by.pop(seq.id, None)
+        self.matcher.on_step(seq, result, hidden)
+        self.model.on_step(seq, result, hidden)
 
     def finish(self, seq: Sequence) -> None:
         self.proposed_by.pop(seq.id, None)

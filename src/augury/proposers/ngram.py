@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers import DraftOptions
-from augury.proposers.base import Draft, Sequence, StatelessProposer
+from augury.proposers.base import Draft, Sequence, ProposerBase
 
 
 def check_ngram_range(ngram_min: int, ngram_max: int) -> None:
@@ -63,7 +63,7 @@ class NgramIndex:
         return []
 
 
-class NgramProposer(StatelessProposer):
+class NgramProposer(ProposerBase):
     """Prompt lookup over the sequence itself (prompt and generated tokens)."""
 
     name = "ngram"
@@ -80,7 +80,7 @@ class NgramProposer(StatelessProposer):
             index = self.indexes[seq.id] = NgramIndex(self.ngram_min, self.ngram_max)
         return index
 
-    def start(self, seq: Sequence) -> None:
+    def start(self, seq: Sequence, prompt_hidden=None) -> None:
         self._index(seq).update(seq.tokens)
 
     def propose(self, seq: Sequence, k: int) -> Draft:

@@ -31,7 +31,7 @@ from pathlib import Path
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers import DraftOptions
-from augury.proposers.base import Draft, Sequence, StatelessProposer
+from augury.proposers.base import Draft, Sequence, ProposerBase
 from augury.proposers.ngram import check_ngram_range
 
 SEPARATOR = -1  # ends each document in the corpus; never a token, so no match runs across it
@@ -199,7 +199,7 @@ class _SuffixState:
     corpus_version: int = -1
 
 
-class SuffixProposer(StatelessProposer):
+class SuffixProposer(ProposerBase):
     """Drafts from the longest suffix match in the sequence itself or in the corpus of earlier outputs."""
 
     name = "suffix"
@@ -226,7 +226,7 @@ class SuffixProposer(StatelessProposer):
         state.corpus_fed = len(seq.tokens)
         return state
 
-    def start(self, seq: Sequence) -> None:
+    def start(self, seq: Sequence, prompt_hidden=None) -> None:
         self._state(seq)
 
     def propose(self, seq: Sequence, k: int) -> Draft:

@@ -1,0 +1,391 @@
+"""How many tokens to draft per sequence and step, from measured costs and acceptance.
+
+Verifying K drafted tokens is nearly free for one sequence, but a batch of
+sequences can fill the hardware, and then every drafted token costs real
+target time (plus the drafter's own). Before each step the planner picks the
+common draft length K that maximizes expected tokens per second:
+
+    rate(K) = sum_r E_r(k_r) / (t_target(n, 1 + max_r k_r) + t_draft(K))
+    E_r(k)  = 1 + sum_{i<k} reach[i] * accept_r[i]   (accepted prefix + the target's token)
+    k_r     = min(K, tokens request r may still draft)
+
+- t_target(rows, T) (`StepCosts`): seconds of one step with `rows` sequences
+  and blocks of T tokens: the median of its last samples once that shape was
+  seen a few times, before that a least-squares line over all shapes. With too
+  little data the line is flat (verification looks free), so the planner
+  drafts and learns.
+- t_draft(K): drafting rounds times the measured seconds of one round; a
+  batching drafter serves all drafting sequences in one forward per round.
+- reach[i], accept[i] (`DraftOdds`, from `DraftTally`): measured per drafted
+  position, since acceptance is strongly correlated along a draft.
+- catch-up: a drafter L tokens behind first feeds them at its measured
+  prefill rate; that one-off cost is spread over the steps a request has left.
+
+K = 0 is plain decoding, so whenever drafting does not pay the planner stops
+drafting. The first k_max + 1 steps try every K once; afterwards a probe
+every `probe_every` steps tries a neighbour of the current choice, the
+interval doubling while the plan holds. Seeded sampled requests always draft
+the configured K. The planner only decides K: `step.py` runs the step. What
+each constant was tuned on is recorded in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from augury.step import Request
+
+class ShapeCosts:
+    """Seconds of one kind of forward by shape, from measurements (see the module doc).
+
+    The median of a shape's last few samples once it has been seen a few
+    times; before that a discounted least-squares line t = a + b * size over
+    every observation (one sample of a shape, often a warm-up step that also
+    paid for first-touch memory, is too noisy to plan on alone). A median, not
+    a running mean: on a shared machine a step now and then takes far longer,
+    and a mean that such a hiccup pushed up can keep the planner off that
+    shape, which it then re-measures only at the next probe.
+    """
+
+    MIN_SAMPLES = 3  # samples of a shape before its own median replaces the line
+    RECENT = 5  # samples per shape the median is taken over (at least MIN_SAMPLES)
+    FORGET = 0.97  # per-observation discount of the line: costs drift (other load, longer caches)
+
+    def __init__(self, forget: float = FORGET) -> None:
+        self.forget = forget  # per-observation discount in the least-squares line
+        self.recent: dict[object, collections.deque] = {}  # shape -> its last RECENT samples
+        self._sums = [0.0] * 5  # discounted sums of w, w*n, w*n^2, w*t, w*n*t
+
+    def observe(self, shape: object, size: float, seconds: float) -> None:
+        self.recent.setdefault(shape, collections.deque(maxlen=self.RECENT)).append(seconds)
+        new = (1.0, size, size * size, seconds, size * seconds)
+        self._sums = [self.forget * s + x for s, x in zip(self._sums, new)]
+
+    def line(self) -> tuple[float, float]:
+        """(a, b) of t = a + b * size; b = 0 until observations of different sizes were seen."""
+        w, sn, snn, st, snt = self._sums
+        if w == 0.0:
+            return 0.0, 0.0
+        spread = w * snn - sn * sn
+        b = (w * snt - sn * st) / spread if spread > 1e-9 * max(w * snn, 1e-30) else 0.0
+        b = max(b, 0.0)
+        a = max((st - b * sn) / w, 0.0)
+        return a, b
+
+    def time(self, shape: object, size: float) -> float:
+        recent = self.recent.get(shape, ())
+        if len(recent) >= self.MIN_SAMPLES:
+            return statistics.median(recent)
+        a, b = self.line()
+        return a + b * size
+
+
+class StepCosts:
+    """What a step costs: the batched target forward by (rows, block), and one drafting round
+    (one drafter forward for the sequences drafting together) by how many sequences it serves."""
+
+    # Before a drafting round over several sequences was measured, assume each
+    # extra sequence adds a quarter of a one-sequence round: a weight-bound
+    # forward over a few rows costs little more than one (docs/design.md).
+    EXTRA_ROW_SHARE = 0.25
+    # Weight of a new catch-up sample in the drafter's per-token prefill rate:
+    # a running mean that follows drift without jumping at one sample.
+    CATCH_UP_SMOOTHING = 0.2
+
+    def __init__(self) -> None:
+        self.target = ShapeCosts()
+        self.draft = ShapeCosts()
+        self.catch_up_per_token = 0.0  # drafter seconds per token it must catch up on (its prefill rate)
+
+    def observe_target(self, rows: int, block: int, seconds: float) -> None:
+        self.target.observe((rows, block), rows * block, seconds)
+
+    def target_time(self, rows: int, block: int) -> float:
+        return self.target.time((rows, block), rows * block)
+
+    def observe_draft(self, rows: int, rounds: int, seconds: float) -> None:
+        """`rounds` drafting rounds over `rows` sequences each took `seconds` in all."""
+        self.draft.observe(rows, rows, seconds / rounds)
+
+    def draft_round_time(self, rows: int) -> float:
+        if rows > 1 and not any(shape > 1 for shape in self.draft.recent):
+            return self.draft.time(1, 1) * (1 + self.EXTRA_ROW_SHARE * (rows - 1))
+        return self.draft.time(rows, rows)
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        per_token = seconds / tokens
+        old = self.catch_up_per_token
+        a = self.CATCH_UP_SMOOTHING
+        self.catch_up_per_token = per_token if old == 0.0 else (1 - a) * old + a * per_token
+
+
+class ProbeTimer:
+    """When to probe: every `every` steps at first, the interval doubling (up to
+    8x) each time the plan is found unchanged at a probe, and reset to `every`
+    when it changed. 0 never probes."""
+
+    MAX_STRETCH = 8  # a probe away from the best K costs speed; 8x keeps one probe per ~128 steps at most
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.gap = every
+        self.next = every
+        self.plan_at_last: int | None = None
+
+    def due(self, step: int, planned_k: int) -> bool:
+        """Whether step `step` probes (and if so, when the next one will)."""
+        if not self.every or step < self.next:
+            return False
+        steady = planned_k == self.plan_at_last
+        self.gap = min(2 * self.gap, self.MAX_STRETCH * self.every) if steady else self.every
+        self.plan_at_last = planned_k
+        self.next = step + self.gap
+        return True
+
+
+@dataclass(frozen=True)
+class DraftOdds:
+    """What drafting delivers, per drafted position i (0-based), as measured.
+
+    reach[i]: probability the drafter drafts at least i + 1 tokens when allowed
+    more than i (a confident-drafting drafter stops early when it doubts).
+    accept[i]: probability the first i + 1 drafted tokens are all accepted,
+    given at least i + 1 were drafted. Measured per position rather than
+    derived from one acceptance rate: acceptance is strongly correlated along a
+    draft (a drafter on a roll stays right), which a single independent rate
+    badly underestimates for long drafts.
+    """
+
+    reach: tuple[float, ...]
+    accept: tuple[float, ...]
+
+    @classmethod
+    def independent(cls, alpha: float, k_max: int, continue_rate: float = 1.0) -> "DraftOdds":
+        """Each drafted token accepted with rate alpha independently (the prior before measurements)."""
+        return cls(
+            tuple(continue_rate**i for i in range(k_max)), tuple(alpha ** (i + 1) for i in range(k_max))
+        )
+
+    def tokens(self, k: int) -> float:
+        """Expected tokens one verification commits with k allowed: accepted prefix + the target's own."""
+        return 1.0 + sum(r * a for r, a in zip(self.reach[:k], self.accept[:k]))
+
+    def drafted(self, k: int) -> float:
+        """Expected tokens drafted with k allowed."""
+        return sum(self.reach[:k])
+
+    def scaled(self, factor: float) -> "DraftOdds":
+        """The same odds with acceptance scaled (a request accepting more or less than the server's mean)."""
+        return DraftOdds(self.reach, tuple(min(1.0, a * factor) for a in self.accept))
+
+
+class DraftTally:
+    """Server-wide per-position counts behind `DraftOdds`, with a prior for positions rarely seen."""
+
+    PRIOR_ALPHA = 0.7  # acceptance assumed before anything was measured (a typical same-family drafter)
+    PRIOR_WEIGHT = 4.0  # observations' worth of trust in the prior: a few steps outweigh it
+
+    def __init__(self, k_max: int) -> None:
+        self.allowed = [0] * k_max  # steps that allowed at least i + 1 tokens
+        self.drafted = [0] * k_max  # steps that drafted at least i + 1
+        self.accepted = [0] * k_max  # steps whose first i + 1 drafted tokens were all accepted
+
+    def record_draft(self, allowed: int, drafted: int) -> None:
+        for i in range(allowed):
+            self.allowed[i] += 1
+        for i in range(drafted):
+            self.drafted[i] += 1
+
+    def record_verified(self, accepted: int) -> None:
+        for i in range(accepted):
+            self.accepted[i] += 1
+
+    def odds(self) -> DraftOdds:
+        """Measured odds, each position pulled towards a prior worth PRIOR_WEIGHT observations.
+
+        A position's prior continues the chain measured before it: the odds at
+        i - 1 times the conditional acceptance measured from i - 2 to i - 1
+        (PRIOR_ALPHA at the first position). The independent prior alpha^(i+1)
+        made deep positions look poor exactly where they are drafted least, so
+        a planner that trusted it kept drafting short and never measured the
+        long drafts a confident drafter gets right (measured in docs/design.md).
+        """
+        w = self.PRIOR_WEIGHT
+        reach = tuple((d + w) / (n + w) for d, n in zip(self.drafted, self.allowed))
+        accept: list[float] = []
+        for a, d in zip(self.accepted, self.drafted):
+            if not accept:
+                prior = self.PRIOR_ALPHA
+            else:
+                before = accept[-2] if len(accept) > 1 else 1.0
+                prior = accept[-1] * min(1.0, accept[-1] / max(before, 1e-9))
+            accept.append((a + w * prior) / (d + w))
+        return DraftOdds(reach, tuple(accept))
+
+
+def plan_step(
+    costs: StepCosts,
+    odds: list[DraftOdds],
+    caps: list[int],
+    fixed: list[int | None],
+    k_max: int,
+    *,
+    batched: bool = False,
+    behind: list[int] | None = None,
+    margin: float = 0.0,
+    choices: Sequence[int] | None = None,
+) -> list[int]:
+    """Per-sequence draft lengths for one step: the common K that maximizes expected tokens per second.
+
+    odds: what drafting delivers for each sequence; caps: most tokens each may
+    draft now; fixed: a draft length a sequence must use (seeded sampling) or
+    None. batched: the drafter serves all drafting sequences in one forward per
+    round (rounds = the longest draft), rather than one sequence at a time.
+    behind: tokens each sequence's drafter must first catch up on (all of them
+    if it never drafted). That one-off cost buys drafting for the rest of the
+    request, so it is spread over the steps the request has left (caps[r] + 1
+    tokens at E_r(k) a step).
+    margin: how much faster than plain decoding (K = 0) drafting must be
+    predicted to be before it is chosen (0.1 = 10%).
+    choices: the common Ks to consider (default 0..k_max).
+    """
+    rows = len(odds)
+    behind = behind or [0] * rows
+    best, best_rate = [0] * rows, -1.0
+    for k in range(k_max + 1) if choices is None else sorted(choices):
+        ks = [min(f if f is not None else k, cap) for f, cap in zip(fixed, caps)]
+        tokens = sum(o.tokens(kr) for o, kr in zip(odds, ks))
+        drafting = [(o, kr) for o, kr in zip(odds, ks) if kr > 0]
+        if not drafting:
+            draft_s = 0.0
+        elif batched and len(drafting) > 1:
+            draft_s = max(kr for _, kr in drafting) * costs.draft_round_time(len(drafting))
+        else:
+            draft_s = sum(o.drafted(kr) for o, kr in drafting) * costs.draft_round_time(1)
+        for o, kr, late, cap in zip(odds, ks, behind, caps):
+            if kr > 0 and late:
+                steps_left = max(1.0, (cap + 1) / o.tokens(kr))
+                draft_s += late * costs.catch_up_per_token / steps_left
+        seconds = costs.target_time(rows, 1 + max(ks)) + draft_s
+        rate = tokens / max(seconds, 1e-9)
+        # Drafting must beat plain decoding by a margin, not a hair: the
+        # estimates are noisy, and a wrong "draft" costs speed while a wrong
+        # "don't" only forgoes it.
+        needed = best_rate * (1 + margin) if k > 0 and not any(best) else best_rate * (1 + 1e-9)
+        if rate > needed:
+            best, best_rate = ks, rate
+    return best
+
+
+class Planner:
+    """The scheduler's choice of K per step: warm-up, probes, and `plan_step` over measured costs."""
+
+    # Drafting among several sequences must be predicted this much faster than
+    # plain decoding: batched steps have more ways to go wrong (catch-ups,
+    # drafter starts, uneven drafts) than the cost model sees.
+    DRAFT_MARGIN = 0.15
+    # Drafted tokens, server-wide, before the measured acceptance replaces the prior.
+    TRUST_AFTER_DRAFTED = 32
+
+    def __init__(self, k_max: int, *, batched: bool, adaptive: bool = True, probe_every: int = 16) -> None:
+        self.k_max = k_max
+        self.batched = batched
+        self.adaptive = adaptive
+        self.tally = DraftTally(k_max)
+        self.costs = StepCosts()
+        self.drafted = 0  # server-wide drafted and accepted tokens
+        self.accepted = 0
+        self.steps = 0
+        self.probes = 0
+        self.planned_k = 0  # the K the cost model chose last (probes try its neighbours)
+        self.probe_timer = ProbeTimer(probe_every)
+
+    # -- what the steps measured ------------------------------------------------------------
+
+    def record_draft(self, allowed: int, drafted: int) -> None:
+        self.tally.record_draft(allowed, drafted)
+
+    def record_verified(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        self.tally.record_verified(accepted)
+
+    @property
+    def alpha(self) -> float:
+        """Server-wide acceptance once enough was drafted, else the prior."""
+        if self.drafted >= self.TRUST_AFTER_DRAFTED:
+            return self.accepted / self.drafted
+        return DraftTally.PRIOR_ALPHA
+
+    def _alpha(self, request: Request) -> float:
+        """A request's acceptance, shrunk towards the server's for requests with little history."""
+        s = request.stats
+        w = DraftTally.PRIOR_WEIGHT
+        return (s.accepted + w * self.alpha) / (s.drafted + w)
+
+    @staticmethod
+    def behind(request: Request) -> int:
+        """Tokens the request's drafter must catch up on before drafting, beyond a step's usual one or two."""
+        behind = len(request.seq.tokens) - request.drafted_at_length
+        return behind if behind > 2 else 0
+
+    # -- the plan ---------------------------------------------------------------------------
+
+    def plan(self, requests: list[Request]) -> list[int]:
+        """Draft length per running sequence for this step."""
+        caps = [r.draft_cap() for r in requests]
+        if self.k_max == 0:
+            return [0] * len(requests)
+        fixed = [self.k_max if (r.params.seed is not None and not r.params.greedy) else None for r in requests]
+        self.steps += 1
+        if not self.adaptive:
+            return [min(self.k_max, cap) for cap in caps]
+        alone = len(requests) == 1
+        # A sequence alone drafts all it may or not at all: a drafter that stops
+        # itself when it doubts already sizes each draft, token by token, better
+        # than averages can; capping it lower only cut confident drafts short
+        # (docs/design.md). Probes and plans both pick from these.
+        candidates = (0, self.k_max) if alone else tuple(range(self.k_max + 1))
+        probe = None
+        if self.steps <= self.k_max + 1:
+            probe = self.k_max + 1 - self.steps  # warm-up: every K once
+        elif self.probe_timer.due(self.steps, self.planned_k):
+            # Next to the current choice, alternately below and above: enough to
+            # follow the best K as costs and acceptance drift, and far cheaper
+            # under load than trying the longest drafts when K = 0 is best.
+            self.probes += 1
+            lower = [k for k in candidates if k < self.planned_k]
+            higher = [k for k in candidates if k > self.planned_k]
+            neighbours = lower[-1:] + higher[:1]
+            probe = neighbours[self.probes % len(neighbours)]
+        if probe is not None:
+            return self._probe(requests, probe, caps, fixed, may_start=self.steps <= self.k_max + 1 or alone)
+        odds = self.tally.odds()
+        ks = plan_step(
+            self.costs, [odds.scaled(self._alpha(r) / max(self.alpha, 1e-3)) for r in requests], caps, fixed,
+            self.k_max, batched=self.batched, behind=[self.behind(r) for r in requests],
+            margin=0.0 if alone else self.DRAFT_MARGIN, choices=candidates,
+        )
+        self.planned_k = max((k for k, f in zip(ks, fixed) if f is None), default=self.planned_k)
+        return ks
+
+    @staticmethod
+    def _probe(
+        requests: list[Request], probe: int, caps: list[int], fixed: list[int | None], *, may_start: bool
+    ) -> list[int]:
+        """A probe is a measurement, not a decision: it drafts for one sequence only.
+
+        It picks one whose drafter already runs if any, so it never sets off a
+        burst of drafter prefills. Only the warm-up, or a sequence alone (it
+        keeps its drafter for the rest of its run), may start a drafter for a
+        probe: among several sequences with no drafter running, a later probe
+        is skipped, as one drafter start there cost as much as several steps.
+        """
+        chosen = next((i for i, r in enumerate(requests) if r.started), 0 if may_start else None)
+        return [
+            min(f if f is not None else (probe if i == chosen else 0), cap)
+            for i, (f, cap) in enumerate(zip(fixed, caps))
+        ]
