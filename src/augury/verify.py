@@ -20,6 +20,7 @@ one-hot; it is handled by comparing argmaxes, without drawing random numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -68,6 +69,38 @@ def recovered_distribution(p_target: Tensor, q_draft: Tensor | None, token: int)
     return residual / total
 
 
+class RandomSource(Protocol):
+    """Where rejection sampling takes its random numbers from.
+
+    Injectable so that tests can script every accept/reject branch through the
+    real verifier (tests/test_exact.py) instead of re-deriving the walk.
+    """
+
+    def uniforms(self, k: int) -> list[float]:
+        """k independent uniforms in [0, 1), one per drafted position (drawn together, before any is used)."""
+
+    def categorical(self, probs: Tensor) -> int:
+        """One token drawn from probs: [V], a distribution (non-negative, summing to 1)."""
+
+
+class TorchRandom:
+    """The default source: a request's torch.Generator, called exactly as seeded runs have always called it.
+
+    uniforms: one torch.rand(k); categorical: one torch.multinomial(probs, 1).
+    Changing either call (or their order) would change every seeded output.
+    """
+
+    def __init__(self, generator: torch.Generator | None) -> None:
+        self.generator = generator
+
+    def uniforms(self, k: int) -> list[float]:
+        gen = self.generator
+        return torch.rand(k, generator=gen, device=gen.device if gen else "cpu").tolist()
+
+    def categorical(self, probs: Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
 def verify_chain(
     draft_tokens: list[int],
     q_draft: Tensor | None,
@@ -75,6 +108,7 @@ def verify_chain(
     *,
     greedy: bool,
     generator: torch.Generator | None = None,
+    source: RandomSource | None = None,
 ) -> VerifyResult:
     """Verify a chain of K drafted tokens against the target.
 
@@ -82,6 +116,8 @@ def verify_chain(
     q_draft: [K, V] draft probabilities, or None for a deterministic draft.
     p_target: [K + 1, V] target probabilities at each drafted position plus
         the one after the last (for the bonus token).
+    source: where the uniforms and the recovered/bonus draw come from; by
+        default `TorchRandom(generator)`. Greedy verification draws nothing.
     """
     k = len(draft_tokens)
     if greedy:
@@ -90,12 +126,12 @@ def verify_chain(
         while accepted < k and draft_tokens[accepted] == best[accepted]:
             accepted += 1
         return VerifyResult(k, accepted, draft_tokens[:accepted] + [best[accepted]])
-    uniforms = torch.rand(k, generator=generator, device=generator.device if generator else "cpu").tolist()
+    source = TorchRandom(generator) if source is None else source
+    uniforms = source.uniforms(k)
     for i, token in enumerate(draft_tokens):
         q_row = None if q_draft is None else q_draft[i]
-        if uniforms[i] >= accept_probability(p_target[i], q_row, token):
-            residual = recovered_distribution(p_target[i], q_row, token)
-            recovered = int(torch.multinomial(residual, 1, generator=generator))
+        if uniforms[i] >= accept_probability(p_target[i], q_row, token):  # accept iff u < min(1, p/q)
+            recovered = source.categorical(recovered_distribution(p_target[i], q_row, token))
             return VerifyResult(k, i, draft_tokens[:i] + [recovered])
-    bonus = int(torch.multinomial(p_target[k], 1, generator=generator))
+    bonus = source.categorical(p_target[k])
     return VerifyResult(k, k, [*draft_tokens, bonus])
