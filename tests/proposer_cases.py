@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from augury.models.loader import Model
-from augury.proposers import DraftOptions, Proposer
+from augury.proposers import Proposer
 from tests.tiny import tiny_model
 
 
@@ -57,7 +57,7 @@ def _registered(method: str, **options) -> Callable[[Model, int], Proposer]:
     def build(target: Model, seed: int) -> Proposer:
         from augury.proposers import build_proposer
 
-        return build_proposer(method, target, DraftOptions(**options))
+        return build_proposer(method, target, **options)
 
     return build
 
@@ -73,12 +73,12 @@ PROPOSER_CASES: list[ProposerCase] = [
     ProposerCase("model", _draft_model),
     ProposerCase("model-lean", _draft_model_lean),
     ProposerCase("ngram", _registered("ngram", ngram_min=1, ngram_max=3)),
-    ProposerCase("suffix", _registered("suffix", ngram_min=1)),
+    ProposerCase("suffix", _registered("suffix", match_min=1)),
     ProposerCase("hybrid", _hybrid),
     ProposerCase("cross", _cross),
     ProposerCase("layerskip", _registered("layerskip", skip_layers="1")),
     ProposerCase("quantized", _registered("quantized")),
-    ProposerCase("quantized-int4", _registered("quantized", quant="int4")),
+    ProposerCase("quantized-int8", _registered("quantized", draft_quant="int8")),
 ]
 
 

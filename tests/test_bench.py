@@ -533,7 +533,7 @@ def test_existing_run_is_not_overwritten(tmp_path, capsys):
 def test_cli_on_real_models(tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Say hi.", "category": "chat"}])
     out = tmp_path / "out"
-    code = main(["bench", "--methods", "plain,ngram", "--suite", str(data), "--max-new-tokens", "4",
+    code = main(["bench", "--methods", "plain,ngram", "--suite", str(data), "--max-tokens", "4",
                  "--out", str(out), "--no-progress", "--no-warmup", "--offline"])
     assert code == 0
     s = summarize(read_records(out / RECORDS), json.loads((out / "run.json").read_text()))

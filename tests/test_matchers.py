@@ -15,7 +15,7 @@ import pytest
 
 from augury.engine import Engine
 from augury.errors import AuguryError
-from augury.proposers import DraftOptions, build_proposer
+from augury.proposers import build_proposer
 from augury.proposers.base import Draft, Sequence
 from augury.proposers.draft_model import DraftModelProposer
 from augury.proposers.hybrid import HybridProposer
@@ -236,7 +236,7 @@ def test_corpus_outputs_only_and_no_match_across_documents():
 
 def test_corpus_round_trip_through_a_file(tmp_path):
     path = tmp_path / "sub" / "corpus.jsonl"
-    proposer = build_proposer("suffix", tiny_model(vocab=16), DraftOptions(suffix_corpus=str(path), ngram_min=2))
+    proposer = build_proposer("suffix", tiny_model(vocab=16), suffix_corpus=str(path), match_min=2)
     generate_into(proposer, [0], [1, 2, 3, 4, 5])
     generate_into(proposer, [0], [6, 7, 1, 2, 8])
     assert [json.loads(line) for line in path.read_text().splitlines()] == [[1, 2, 3, 4, 5], [6, 7, 1, 2, 8]]
@@ -344,7 +344,7 @@ def test_hybrid_model_drafter_stays_in_sync_when_the_matcher_drafts():
 
 def test_hybrid_needs_a_draft_model():
     with pytest.raises(AuguryError, match="--draft"):
-        build_proposer("hybrid", tiny_model(vocab=8), DraftOptions(draft=None))
+        build_proposer("hybrid", tiny_model(vocab=8), draft=None)
 
 
 # -- engine: greedy equivalence --------------------------------------------------------------

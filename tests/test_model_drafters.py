@@ -18,7 +18,7 @@ from augury.engine import Engine
 from augury.errors import AuguryError
 from augury.models.decoder import Decoder, ModelConfig, Weights
 from augury.models.loader import Model
-from augury.proposers import DraftOptions, build_proposer
+from augury.proposers import build_proposer
 from augury.proposers import cross_tokenizer
 from augury.proposers.cross_tokenizer import (
     CrossTokenizerProposer,
@@ -260,7 +260,7 @@ def deep_target() -> Model:
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_self_drafters_greedy_equal_plain(method, options, k, deep_target):
     params = SamplingParams(max_tokens=30)
-    proposer = build_proposer(method, deep_target, DraftOptions(**options))
+    proposer = build_proposer(method, deep_target, **options)
     for prompt in PROMPTS:
         plain = Engine(deep_target).generate(prompt, params)
         spec = Engine(deep_target, proposer, k=k).generate(prompt, params)
@@ -379,8 +379,8 @@ def test_quantized_drafter_is_close_to_the_target(deep_target):
 
 
 def test_unknown_quant_format_is_refused(deep_target):
-    with pytest.raises(AuguryError, match="unknown --quant 'int3'"):
-        build_proposer("quantized", deep_target, DraftOptions(quant="int3"))
+    with pytest.raises(AuguryError, match="unknown --draft-quant 'int3'"):
+        build_proposer("quantized", deep_target, draft_quant="int3")
 
 
 # -- real models -------------------------------------------------------------------------------------
@@ -430,7 +430,7 @@ def test_calibration_search_on_a_tiny_model(deep_target):
     output = Engine(deep_target).generate(PROMPTS[0], SamplingParams(max_tokens=12)).token_ids
     steps, drafted, accepted = replay(teacher_forced_matches(skip_layers(deep_target.decoder, skip), PROMPTS[0],
                                                              output), k=2)
-    proposer = build_proposer("layerskip", deep_target, DraftOptions(skip_layers="1"))
+    proposer = build_proposer("layerskip", deep_target, skip_layers="1")
     stats = Engine(deep_target, proposer, k=2).generate(PROMPTS[0], SamplingParams(max_tokens=12)).stats
     assert (stats.steps, stats.drafted, stats.accepted) == (steps, drafted, accepted)
 

@@ -289,7 +289,7 @@ def step(target: Model, requests: list[Request], cache: KVCache) -> StepReport:
     for request in requests:
         request.stats.verify_s += verified - t0
     for b, (request, result) in enumerate(zip(requests, results)):
-        if result is None or not request.started or request.done:
+        if result is None or not request.started:
             continue
         states = hidden[b, : added[b]] if hidden is not None and request.proposer.needs_hidden else None
         t1 = time.perf_counter()

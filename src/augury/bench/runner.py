@@ -324,7 +324,7 @@ def check_prompt_lengths(plan: BenchPlan, context: int) -> None:
         n = len(plan.encode([{"role": "user", "content": prompt.turns[0]}]))
         if n + plan.params.max_tokens > context:
             raise AuguryError(
-                f"prompt {prompt.id} is {n} tokens; with --max-new-tokens {plan.params.max_tokens} it exceeds "
+                f"prompt {prompt.id} is {n} tokens; with --max-tokens {plan.params.max_tokens} it exceeds "
                 f"the model's context of {context}"
             )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from augury.models.store import DEFAULT_DRAFT, DEFAULT_TARGET
+from augury.models.store import DEFAULT_TARGET
 from augury.sampling import SamplingParams
 
 
@@ -22,54 +22,48 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_draft_args(parser: argparse.ArgumentParser, *, default_method: str = "model") -> None:
-    from augury.proposers import METHODS
+def add_draft_args(parser: argparse.ArgumentParser, *, default_method: str | None = "model") -> None:
+    """--draft-method (unless default_method is None), --k, and every method's own options.
+
+    Each option is one flag, listed in --help under the methods that read it;
+    a flag the chosen method does not read is refused when the proposer is
+    built (see proposers/options.py).
+    """
+    from augury.proposers import METHODS, method_names
+    from augury.proposers.options import flag, method_fields
 
     g = parser.add_argument_group("drafting")
-    g.add_argument(
-        "--draft-method",
-        default=default_method,
-        help=f"plain (no speculation) or one of: {', '.join(sorted(METHODS))} (default {default_method})",
-    )
-    from augury.proposers.cross_tokenizer import DEFAULT_CROSS_DRAFT
-
-    g.add_argument(
-        "--draft",
-        default=None,
-        help=f"draft model name or path (model, hybrid: default {DEFAULT_DRAFT}; cross: default {DEFAULT_CROSS_DRAFT})",
-    )
-    g.add_argument("--k", type=int, default=4, help="draft length K: tokens proposed per step (default 4)")
-    g.add_argument("--ngram-min", type=int, default=1, help="ngram/suffix: shortest match to use (default 1)")
-    g.add_argument("--ngram-max", type=int, default=4, help="ngram: longest suffix to look up (default 4)")
-    g.add_argument("--suffix-corpus", default=None, help="suffix: file persisting earlier outputs as extra corpus")
-    g.add_argument(
-        "--skip-layers", default=None, help="layerskip: comma list of layers to skip, or a file from `augury calibrate`"
-    )
-    g.add_argument(
-        "--draft-confidence",
-        type=float,
-        default=None,
-        help="model drafters: stop a draft early when the drafter's top probability falls below this "
-        "(default 0.5 for model and hybrid, 0.3 for cross; 0 = always draft K)",
-    )
-    g.add_argument(
-        "--draft-vocab",
-        type=int,
-        default=0,
-        help="model drafters: project onto the first N token ids only, a cheaper head (0 = full vocabulary)",
-    )
-    g.add_argument(
-        "--draft-quant",
-        default="int4",
-        help="model and cross drafters: int4 (default: 4-bit groups of 32; int8 where torch's int4 kernel does not run, "
-        "e.g. on GPUs), int8 (weight-only int8) or none (the draft model's own dtype)",
-    )
-    g.add_argument("--quant", default="int4",
-                   help="quantized: weight format of the self-draft copy, int4 (default; int8 where torch's int4 "
-                   "kernel does not run) or int8")
+    if default_method is not None:
+        g.add_argument("--draft-method", default=default_method,
+                       help=f"plain (no speculation) or one of: {', '.join(method_names()[1:])} "
+                       f"(default {default_method})")
+    g.add_argument("--k", type=int, default=4, help="draft length K: tokens proposed per step at most (default 4)")
+    readers: dict[str, list[str]] = {}
+    for name, method in METHODS.items():
+        for field_name in method_fields(method.options):
+            readers.setdefault(field_name, []).append(name)
+    groups: dict[tuple[str, ...], argparse._ArgumentGroup] = {}
+    for field_name, names in readers.items():
+        key = tuple(names)
+        if key not in groups:
+            groups[key] = parser.add_argument_group(f"drafting options of {', '.join(names)}")
+        fields = [method_fields(METHODS[n].options)[field_name] for n in names]
+        defaults = {n: f.default for n, f in zip(names, fields)}
+        if len(set(map(repr, defaults.values()))) == 1:
+            shown = f"default {fields[0].default}"
+        else:
+            shown = "default " + ", ".join(f"{v} for {n}" for n, v in defaults.items())
+        groups[key].add_argument(flag(field_name), dest=f"opt_{field_name}", type=fields[0].metadata["type"],
+                                 default=argparse.SUPPRESS, help=f"{fields[0].metadata['help']} ({shown})")
 
 
-def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+def given_draft_options(args: argparse.Namespace) -> dict[str, object]:
+    """The method options given on the command line (flags left out are absent), plus the load options."""
+    given = {name[4:]: value for name, value in vars(args).items() if name.startswith("opt_")}
+    return {**given, "dtype": args.dtype, "device": args.device, "offline": args.offline}
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, *, max_tokens: int = 256) -> None:
     g = parser.add_argument_group("sampling")
     g.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
@@ -79,7 +73,8 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--presence-penalty", type=float, default=0.0)
     g.add_argument("--frequency-penalty", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
-    g.add_argument("--max-tokens", "-n", type=int, default=256, help="tokens to generate at most (default 256)")
+    g.add_argument("--max-tokens", "-n", type=int, default=max_tokens,
+                   help=f"tokens to generate at most, per turn (default {max_tokens})")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
 
@@ -97,26 +92,4 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
         stop=tuple(args.stop),
         seed=args.seed,
         ignore_eos=args.ignore_eos,
-    )
-
-
-def draft_options_from_args(args: argparse.Namespace):
-    from augury.proposers import DraftOptions
-
-    draft = args.draft
-    if draft is None and args.draft_method in ("model", "hybrid"):  # cross picks its own default
-        draft = DEFAULT_DRAFT
-    return DraftOptions(
-        draft=draft,
-        dtype=args.dtype,
-        device=args.device,
-        offline=args.offline,
-        ngram_min=args.ngram_min,
-        ngram_max=args.ngram_max,
-        suffix_corpus=args.suffix_corpus,
-        skip_layers=args.skip_layers,
-        quant=args.quant,
-        draft_confidence=args.draft_confidence,
-        draft_vocab=args.draft_vocab,
-        draft_quant=args.draft_quant,
     )

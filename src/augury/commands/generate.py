@@ -9,7 +9,7 @@ from augury.commands.common import (
     add_draft_args,
     add_model_args,
     add_sampling_args,
-    draft_options_from_args,
+    given_draft_options,
     sampling_from_args,
 )
 from augury.errors import AuguryError
@@ -68,7 +68,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if not prompt:
         raise AuguryError("empty prompt: give it as an argument or on stdin")
     target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline, exact=args.exact)
-    proposer = build_proposer(args.draft_method, target, draft_options_from_args(args))
+    proposer = build_proposer(args.draft_method, target, given_draft_options(args))
     ids = build_prompt_ids(target.tokenizer, prompt, args.chat, args.system)
     engine = Engine(target, proposer, k=args.k)
     result = engine.generate(ids, params, on_text=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
@@ -81,12 +81,13 @@ def run_demo(args: argparse.Namespace) -> int:
     from augury.engine import Engine
     from augury.models.loader import load_model
     from augury.models.store import DEFAULT_DRAFT, DEFAULT_TARGET
-    from augury.proposers import DraftOptions, build_proposer
+    from augury.proposers import build_proposer
+    from augury.proposers.options import ModelOptions
     from augury.sampling import SamplingParams
 
     target = load_model(DEFAULT_TARGET, offline=args.offline)
-    options = DraftOptions(draft=DEFAULT_DRAFT, offline=args.offline)
-    proposer = build_proposer("model", target, options)
+    options = ModelOptions(draft=DEFAULT_DRAFT, offline=args.offline)
+    proposer = build_proposer("model", target, draft=options.draft, offline=args.offline)
     ids = build_prompt_ids(target.tokenizer, args.prompt, chat=True)
     params = SamplingParams(max_tokens=args.max_tokens)
     print(

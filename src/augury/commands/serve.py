@@ -7,7 +7,7 @@ import ipaddress
 import os
 import sys
 
-from augury.commands.common import add_draft_args, add_model_args, draft_options_from_args
+from augury.commands.common import add_draft_args, add_model_args, given_draft_options
 from augury.errors import AuguryError
 
 
@@ -82,7 +82,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.draft_method != "plain":
         check_k(args.k)
     target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline, exact=args.exact)
-    proposer = build_proposer(args.draft_method, target, draft_options_from_args(args))
+    proposer = build_proposer(args.draft_method, target, given_draft_options(args))
     scheduler = Scheduler(
         target,
         proposer,

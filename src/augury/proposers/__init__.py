@@ -1,44 +1,79 @@
 """Drafters, all behind the `Proposer` protocol, built by method name.
 
-Each method registers one builder taking the target model and `DraftOptions`;
-the CLI, the benchmark and the server all build proposers through
-`build_proposer`, so adding a drafter means adding one builder here.
+Each method registers one builder and its options dataclass
+(`proposers/options.py`); the CLI, the benchmark, the server and the Python
+API all build proposers through `build_proposer`, so adding a drafter means
+adding one `Method` here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers.base import Draft, Proposer, Sequence, ProposerBase
+from augury.proposers import options as opts
+from augury.proposers.base import Draft, Proposer, ProposerBase, Sequence
 
-__all__ = ["Draft", "DraftOptions", "Proposer", "Sequence", "ProposerBase", "build_proposer", "METHODS"]
+__all__ = ["Draft", "METHODS", "Method", "Proposer", "ProposerBase", "Sequence", "build_proposer", "method_names"]
 
 
-@dataclass
-class DraftOptions:
-    """Everything any drafter may be configured with (each reads what it needs)."""
+@dataclass(frozen=True)
+class Method:
+    """A drafting method: what it is, its options, and where its builder lives (imported on first use,
+    so that one method's dependencies never slow the others)."""
 
-    draft: str | None = None  # draft model name or path (model, cross, hybrid)
-    dtype: str = "bf16"
-    device: str = "cpu"
-    offline: bool = False
-    ngram_min: int = 1  # ngram/suffix/hybrid: shortest match worth proposing
-    ngram_max: int = 4  # ngram: longest suffix looked up
-    suffix_corpus: str | None = None  # suffix: file that persists earlier outputs between runs
-    skip_layers: str | None = None  # layerskip: "3,5,7" or a calibration file written by `augury calibrate`
-    quant: str = "int4"  # quantized: weight format of the self-draft copy (int8 where int4 does not run)
-    # model drafters: stop drafting below this top probability (0 = never;
-    # None = the drafter's own default, as calibrated models differ)
-    draft_confidence: float | None = None
-    draft_vocab: int = 0  # model drafters: project onto the first N token ids only (0 = full vocabulary)
-    draft_quant: str = "int4"  # model and cross drafters: weight format of the draft model ("int4", "int8" or "none")
+    summary: str
+    options: type
+    module: str
+    function: str = "build"
 
-    def confidence_or(self, default: float) -> float:
-        """The confidence threshold asked for, else the drafter's own default."""
-        return default if self.draft_confidence is None else self.draft_confidence
+    def build(self, target: Model, options) -> Proposer:
+        builder: Callable = getattr(importlib.import_module(f"augury.proposers.{self.module}"), self.function)
+        return builder(target, options)
+
+
+METHODS: dict[str, Method] = {
+    "model": Method("a smaller model with the target's tokenizer", opts.ModelOptions, "draft_model"),
+    "ngram": Method("prompt lookup: the latest earlier occurrence of the last n tokens", opts.NgramOptions, "ngram"),
+    "suffix": Method("suffix automaton over prompt, output and earlier outputs", opts.SuffixOptions, "suffix"),
+    "hybrid": Method("the suffix matcher, else the draft model", opts.HybridOptions, "hybrid"),
+    "cross": Method("a model with another tokenizer, through text", opts.CrossOptions, "cross_tokenizer"),
+    "layerskip": Method("the target with some layers skipped", opts.LayerSkipOptions, "layer_skip"),
+    "quantized": Method("a low-bit copy of the target", opts.QuantizedOptions, "quantized"),
+}
+
+
+def method_names() -> list[str]:
+    """Every method name a user may give, plain (no speculation) first."""
+    return ["plain", *sorted(METHODS)]
+
+
+def check_method(method: str) -> str:
+    if method != "plain" and method not in METHODS:
+        raise AuguryError(f"unknown draft method '{method}' (choose from {', '.join(method_names())})")
+    return method
+
+
+def build_proposer(
+    method: str, target: Model, options: Mapping[str, object] | None = None, /, **kwargs: object
+) -> Proposer | None:
+    """The proposer for a method name (None for plain decoding).
+
+    options / kwargs: the method's options by field name (see its dataclass in
+    proposers/options.py) plus dtype, device and offline for loading drafters;
+    an option the method does not take is an AuguryError naming the method.
+    """
+    given = {**(options or {}), **kwargs}
+    if check_method(method) == "plain":
+        extra = [k for k in given if k not in opts.LOAD_FIELDS]
+        if extra:
+            raise AuguryError(f"{', '.join(opts.flag(k) for k in extra)} is not an option of plain decoding")
+        return None
+    spec = METHODS[method]
+    return spec.build(target, opts.make_options(method, spec.options, given))
 
 
 def quantize_draft(draft: Model, fmt: str) -> Model:
@@ -49,59 +84,11 @@ def quantize_draft(draft: Model, fmt: str) -> Model:
     """
     if fmt == "none":
         return draft
-    if fmt not in ("int8", "int4"):
-        raise AuguryError(f"unknown --draft-quant '{fmt}' (choose from int8, int4, none)")
+    if fmt not in opts.QUANT_FORMATS:
+        raise AuguryError(f"unknown --draft-quant '{fmt}' (choose from int4, int8, none)")
     from augury.proposers.quantized import int4_matmul_available, quantize_decoder
 
     if fmt == "int4" and not int4_matmul_available(draft.decoder):
         fmt = "int8"  # torch's int4 kernel is CPU-only
     return Model(name=draft.name, decoder=quantize_decoder(draft.decoder, fmt=fmt),
                  tokenizer=draft.tokenizer, source=draft.source)
-
-
-def _build_model(target: Model, options: DraftOptions) -> Proposer:
-    from augury.models.loader import load_model
-    from augury.proposers.draft_model import DEFAULT_CONFIDENCE, DraftModelProposer, check_same_vocabulary
-
-    if not options.draft:
-        raise AuguryError("--draft-method model needs --draft NAME_OR_PATH")
-    draft = load_model(options.draft, dtype=options.dtype, device=options.device, offline=options.offline)
-    check_same_vocabulary(target, draft)
-    draft = quantize_draft(draft, options.draft_quant)
-    return DraftModelProposer(
-        draft, target.config.vocab_size, vocab_limit=options.draft_vocab,
-        confidence=options.confidence_or(DEFAULT_CONFIDENCE),
-    )
-
-
-def _lazy(module: str, function: str = "build") -> Callable[[Model, DraftOptions], Proposer]:
-    """A builder imported on first use, so that one method's dependencies never slow the others."""
-
-    def builder(target: Model, options: DraftOptions) -> Proposer:
-        import importlib
-
-        return getattr(importlib.import_module(f"augury.proposers.{module}"), function)(target, options)
-
-    return builder
-
-
-# method name -> builder(target, options). "plain" means no proposer at all.
-METHODS: dict[str, Callable[[Model, DraftOptions], Proposer]] = {
-    "model": _build_model,
-    "ngram": _lazy("ngram"),
-    "suffix": _lazy("suffix"),
-    "cross": _lazy("cross_tokenizer"),
-    "layerskip": _lazy("layer_skip"),
-    "quantized": _lazy("quantized"),
-    "hybrid": _lazy("hybrid"),
-}
-
-
-def build_proposer(method: str, target: Model, options: DraftOptions) -> Proposer | None:
-    """The proposer for a method name; None for plain decoding."""
-    if method == "plain":
-        return None
-    builder = METHODS.get(method)
-    if builder is None:
-        raise AuguryError(f"unknown draft method '{method}' (choose from plain, {', '.join(sorted(METHODS))})")
-    return builder(target, options)

@@ -35,18 +35,11 @@ import torch
 from augury.cache import KVCache
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers import DraftOptions
 from augury.proposers.base import Draft, ProposerBase, Sequence
 
-DEFAULT_CROSS_DRAFT = "smollm2-135m-instruct"
 WINDOW_CHARS = 256  # recent text re-tokenized for the drafter every step (between 1 and 2 windows)
 TARGET_WINDOW = 8  # committed target tokens re-encoded together with the draft text
 DECODE_CONTEXT = 4  # tokens decoded before a slice so that its leading space and characters come out right
-# A smaller, other-family drafter is less sure of itself than a sibling model:
-# SmolLM2-135M for Qwen2.5-Coder-1.5B drafted best stopping below 0.3 on six
-# Spec-Bench prompts (0.5 cut τ from 2.28 to 1.70; 0.3 kept 2.06 at 3.1
-# drafter forwards a step instead of 4.9).
-DEFAULT_CONFIDENCE = 0.3
 
 
 def decode_after(tokenizer, ids: list[int], start: int) -> str:
@@ -244,12 +237,12 @@ class CrossTokenizerProposer(ProposerBase):
         self.states.pop(seq.id, None)
 
 
-def build(target: Model, options: DraftOptions) -> CrossTokenizerProposer:
+def build(target: Model, options) -> CrossTokenizerProposer:
     """Load the draft model (default smollm2-135m-instruct) and draft for `target` through text."""
     from augury.models.loader import load_model
     from augury.proposers import quantize_draft
 
-    name = options.draft or DEFAULT_CROSS_DRAFT
+    name = options.draft
     draft = load_model(name, dtype=options.dtype, device=options.device, offline=options.offline, exact=False)
     return CrossTokenizerProposer(quantize_draft(draft, options.draft_quant), target,
-                                  confidence=options.confidence_or(DEFAULT_CONFIDENCE))
+                                  confidence=options.draft_confidence)

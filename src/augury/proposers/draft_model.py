@@ -33,11 +33,6 @@ from augury.sampling import probabilities, sample
 from augury.verify import VerifyResult
 
 
-# A Qwen2.5 0.5B drafting for its 1.5B sibling: a guess below even odds is
-# more often rejected than not (7 prompts here: 1.85x -> 2.00x at 0.5).
-DEFAULT_CONFIDENCE = 0.5
-
-
 @dataclass
 class _DraftState:
     cache: KVCache
@@ -193,3 +188,18 @@ class DraftModelProposer(ProposerBase):
 
     def finish(self, seq: Sequence) -> None:
         self.states.pop(seq.id, None)
+
+
+def build(target: Model, options) -> DraftModelProposer:
+    """The registry's builder: load options.draft (same tokenizer), quantize it, draft with confidence and head limits."""
+    from augury.models.loader import load_model
+    from augury.proposers import quantize_draft
+
+    if not options.draft:
+        raise AuguryError("draft method 'model' needs --draft NAME_OR_PATH")
+    draft = load_model(options.draft, dtype=options.dtype, device=options.device, offline=options.offline)
+    check_same_vocabulary(target, draft)
+    draft = quantize_draft(draft, options.draft_quant)
+    return DraftModelProposer(
+        draft, target.config.vocab_size, vocab_limit=options.draft_vocab, confidence=options.draft_confidence
+    )

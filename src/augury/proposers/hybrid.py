@@ -3,7 +3,7 @@
 Matching costs nothing and, on repetitive text, drafts long runs the target
 accepts; elsewhere it has nothing to say and a small model is the better
 guess. Per step the rule is: take the matcher's draft when it has at least
-min(k, ngram_min + 1) tokens, otherwise let the draft model propose. A match
+min(k, match_min + 1) tokens, otherwise let the draft model propose. A match
 that only yields one or two tokens is often a coincidence of common tokens,
 and a longer continuation means the match kept holding in the text, so this
 asks a little more than the matcher's own minimum before skipping the model;
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers import METHODS, DraftOptions, Proposer
+from augury.proposers.base import Proposer
 from augury.proposers.base import Draft, ProposerBase, Sequence, propose_batch
 from augury.proposers.suffix import build as build_suffix
 from augury.verify import VerifyResult
@@ -80,8 +80,10 @@ class HybridProposer(ProposerBase):
         self.model.finish(seq)
 
 
-def build(target: Model, options: DraftOptions) -> HybridProposer:
-    """Suffix matcher (with the optional corpus) plus the draft model named by options.draft."""
+def build(target: Model, options) -> HybridProposer:
+    """Suffix matcher (with the optional corpus) plus the draft model named by options.draft (HybridOptions)."""
+    from augury.proposers.draft_model import build as build_model
+
     if not options.draft:
-        raise AuguryError("--draft-method hybrid needs --draft NAME_OR_PATH for its fallback draft model")
-    return HybridProposer(build_suffix(target, options), METHODS["model"](target, options), options.ngram_min + 1)
+        raise AuguryError("draft method 'hybrid' needs --draft NAME_OR_PATH for its fallback draft model")
+    return HybridProposer(build_suffix(target, options), build_model(target, options), options.match_min + 1)

@@ -26,7 +26,6 @@ from pathlib import Path
 from augury.errors import AuguryError
 from augury.models.decoder import Decoder, ModelConfig, Weights
 from augury.models.loader import Model
-from augury.proposers import DraftOptions
 from augury.proposers.draft_model import DraftModelProposer
 
 CALIBRATION_FORMAT = 1
@@ -148,7 +147,8 @@ def layer_skip_model(target: Model, skip: list[int]) -> Model:
                  tokenizer=target.tokenizer, source=target.source)
 
 
-def build(target: Model, options: DraftOptions) -> LayerSkipProposer:
+def build(target: Model, options) -> LayerSkipProposer:
     """The layerskip proposer for `target`, skipping options.skip_layers (see parse_skip_layers)."""
     skip = parse_skip_layers(options.skip_layers, target.config.num_layers, target.name)
-    return LayerSkipProposer(layer_skip_model(target, skip), target.config.vocab_size)
+    return LayerSkipProposer(layer_skip_model(target, skip), target.config.vocab_size,
+                             confidence=options.draft_confidence, vocab_limit=options.draft_vocab)

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers import DraftOptions
 from augury.proposers.base import Draft, Sequence, ProposerBase
 
 
@@ -90,6 +89,6 @@ class NgramProposer(ProposerBase):
         self.indexes.pop(seq.id, None)
 
 
-def build(target: Model, options: DraftOptions) -> NgramProposer:
-    """The registry's builder: reads ngram_min and ngram_max from DraftOptions."""
+def build(target: Model, options) -> NgramProposer:
+    """The registry's builder: ngram_min and ngram_max (NgramOptions)."""
     return NgramProposer(options.ngram_min, options.ngram_max)

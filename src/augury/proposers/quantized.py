@@ -42,10 +42,9 @@ from torch import Tensor
 from augury.errors import AuguryError
 from augury.models.decoder import Decoder, LINEAR_FIELDS, PackedWeight, Weights, dense_weight, linear
 from augury.models.loader import Model
-from augury.proposers import DraftOptions
 from augury.proposers.draft_model import DraftModelProposer
 
-QUANT_FORMATS = ("int8", "int4")
+from augury.proposers.options import QUANT_FORMATS
 _ROWS_PER_CHUNK = 8192  # quantize big matrices (lm_head) in row chunks to bound the fp32 scratch memory
 # Above this many rows (a prompt's prefill) the int8 kernel loses to the dense
 # bf16 GEMM, which is compute-bound there; decode steps stay below it.
@@ -227,13 +226,16 @@ class QuantizedProposer(DraftModelProposer):
     name = "quantized"
 
 
-def build(target: Model, options: DraftOptions) -> QuantizedProposer:
-    """The quantized self-draft proposer; options.quant picks the weight format."""
-    if options.quant not in QUANT_FORMATS:
-        raise AuguryError(f"unknown --quant '{options.quant}' (choose from {', '.join(QUANT_FORMATS)})")
+def build(target: Model, options) -> QuantizedProposer:
+    """The quantized self-draft proposer; options.draft_quant picks the weight format (QuantizedOptions)."""
+    if options.draft_quant not in QUANT_FORMATS:
+        raise AuguryError(f"unknown --draft-quant '{options.draft_quant}' for the quantized self-draft "
+                          f"(choose from {', '.join(QUANT_FORMATS)})")
     from augury.proposers import quantize_draft
 
-    decoder = quantize_draft(target, options.quant).decoder  # int4 falls back to int8 where its kernel does not run
-    draft = Model(name=f"{target.name}:{options.quant}", decoder=decoder, tokenizer=target.tokenizer,
+    # int4 falls back to int8 where its kernel does not run
+    decoder = quantize_draft(target, options.draft_quant).decoder
+    draft = Model(name=f"{target.name}:{options.draft_quant}", decoder=decoder, tokenizer=target.tokenizer,
                   source=target.source)
-    return QuantizedProposer(draft, target.config.vocab_size)
+    return QuantizedProposer(draft, target.config.vocab_size, confidence=options.draft_confidence,
+                             vocab_limit=options.draft_vocab)

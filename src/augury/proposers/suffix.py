@@ -30,7 +30,6 @@ from pathlib import Path
 
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers import DraftOptions
 from augury.proposers.base import Draft, Sequence, ProposerBase
 from augury.proposers.ngram import check_ngram_range
 
@@ -250,6 +249,6 @@ class SuffixProposer(ProposerBase):
         self.corpus.add(seq.output)
 
 
-def build(target: Model, options: DraftOptions) -> SuffixProposer:
-    """The registry's builder: ngram_min and the optional corpus file from DraftOptions."""
-    return SuffixProposer(options.ngram_min, SuffixCorpus(options.suffix_corpus, target.config.vocab_size))
+def build(target: Model, options) -> SuffixProposer:
+    """The registry's builder: match_min and the optional corpus file (SuffixOptions)."""
+    return SuffixProposer(options.match_min, SuffixCorpus(options.suffix_corpus, target.config.vocab_size))

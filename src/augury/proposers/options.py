@@ -1,0 +1,133 @@
+"""Each drafting method's own options: a small dataclass per method, registered with it.
+
+The CLI builds its flags from these dataclasses (one flag per field, grouped by
+the methods that read it in `--help`), and `build_proposer` checks that every
+option given belongs to the chosen method: an option the method would ignore
+is an error naming the method, never silently dropped. This module stays light
+(no torch) so the CLI can list every method's options without importing them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from augury.errors import AuguryError
+from augury.models.store import DEFAULT_DRAFT
+
+DEFAULT_CROSS_DRAFT = "smollm2-135m-instruct"
+# A Qwen2.5 0.5B drafting for its 1.5B sibling: a guess below even odds is
+# more often rejected than not (docs/benchmarks.md: 1.85x -> 2.00x at 0.5).
+MODEL_CONFIDENCE = 0.5
+# SmolLM2 through text drafts shorter, surer runs: 0.5 cut tau from 2.28 to 1.70, 0.3 kept 2.06.
+CROSS_CONFIDENCE = 0.3
+QUANT_FORMATS = ("int4", "int8")
+
+
+def opt(default: object, help: str, type: Callable = str) -> object:
+    """A method option: its default, its --help line and the type its flag parses to."""
+    return field(default=default, metadata={"help": help, "type": type})
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a drafter loads models: set by the target's model flags (--dtype, --device, --offline), not per method."""
+
+    dtype: str = "bf16"
+    device: str = "cpu"
+    offline: bool = False
+
+
+LOAD_FIELDS = frozenset(f.name for f in dataclasses.fields(LoadOptions))
+
+
+def _confidence(default: float) -> object:
+    return opt(default, "stop a draft early when the drafter's top probability falls below this (0 = always draft K)",
+               float)
+
+
+def _draft_vocab() -> object:
+    return opt(0, "project the drafter onto the first N token ids only, a cheaper head (0 = full vocabulary)", int)
+
+
+@dataclass(frozen=True)
+class ModelOptions(LoadOptions):
+    draft: str = opt(DEFAULT_DRAFT, "draft model name or path (same tokenizer as the target)")
+    draft_quant: str = opt("int4", "weight format of the drafter: int4 (groups of 32; int8 where torch's int4 "
+                           "kernel does not run), int8, or none (the model's own dtype)")
+    draft_confidence: float = _confidence(MODEL_CONFIDENCE)
+    draft_vocab: int = _draft_vocab()
+
+
+@dataclass(frozen=True)
+class NgramOptions(LoadOptions):
+    ngram_min: int = opt(1, "shortest n-gram looked up", int)
+    ngram_max: int = opt(4, "longest n-gram looked up", int)
+
+
+@dataclass(frozen=True)
+class SuffixOptions(LoadOptions):
+    match_min: int = opt(1, "shortest suffix match worth drafting from", int)
+    suffix_corpus: str | None = opt(None, "file persisting earlier outputs as extra corpus between runs")
+
+
+@dataclass(frozen=True)
+class HybridOptions(ModelOptions, SuffixOptions):
+    """The suffix matcher's options and the fallback draft model's."""
+
+
+@dataclass(frozen=True)
+class CrossOptions(LoadOptions):
+    draft: str = opt(DEFAULT_CROSS_DRAFT, "draft model name or path (any tokenizer)")
+    draft_quant: str = opt("int4", "weight format of the drafter: int4, int8 or none")
+    draft_confidence: float = _confidence(CROSS_CONFIDENCE)
+
+
+@dataclass(frozen=True)
+class LayerSkipOptions(LoadOptions):
+    skip_layers: str | None = opt(None, "comma list of layers to skip, or a file from `augury calibrate`")
+    draft_confidence: float = _confidence(0.0)
+    draft_vocab: int = _draft_vocab()
+
+
+@dataclass(frozen=True)
+class QuantizedOptions(LoadOptions):
+    draft_quant: str = opt("int4", "weight format of the self-draft copy: int4 (int8 where torch's int4 kernel "
+                           "does not run) or int8")
+    draft_confidence: float = _confidence(0.0)
+    draft_vocab: int = _draft_vocab()
+
+
+def method_fields(options_cls: type) -> dict[str, dataclasses.Field]:
+    """A method's own option fields (the load options excluded)."""
+    return {f.name: f for f in dataclasses.fields(options_cls) if f.name not in LOAD_FIELDS}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def make_options(method: str, options_cls: type, given: dict[str, object]):
+    """The method's options from the values given; an option it does not read is an error naming it."""
+    own = method_fields(options_cls)
+    unused = [name for name in given if name not in own and name not in LOAD_FIELDS]
+    if unused:
+        names = ", ".join(flag(n) for n in unused)
+        takes = ", ".join(flag(n) for n in own) or "no options"
+        raise AuguryError(f"{names} is not an option of draft method '{method}' (it takes {takes})")
+    return options_cls(**given)
+
+
+def split_options(given: dict[str, object], methods: dict[str, type]) -> dict[str, dict[str, object]]:
+    """Options given once for several methods (a benchmark run): each method gets those it reads.
+
+    methods: name -> options dataclass. An option no method reads is an error naming the methods.
+    """
+    out = {name: {k: v for k, v in given.items() if k in LOAD_FIELDS or k in method_fields(cls)}
+           for name, cls in methods.items()}
+    unread = [k for k in given if k not in LOAD_FIELDS and not any(k in o for o in out.values())]
+    if unread:
+        names = ", ".join(flag(n) for n in unread)
+        raise AuguryError(f"{names} is not an option of any of the methods given ({', '.join(methods) or 'none'})")
+    return out

@@ -1,0 +1,259 @@
+"""The one step and its hooks: both drivers share it, proposers hear every step and get the target's states."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from augury.cache import KVCache
+from augury.engine import Engine
+from augury.errors import AuguryError
+from augury.proposers import build_proposer
+from augury.proposers.base import Draft, ProposerBase
+from augury.sampling import SamplingParams
+from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig
+from tests.proposer_cases import PROPOSER_CASES, make_proposer
+from tests.tiny import tiny_model
+
+VOCAB = 24
+
+
+class Listening(ProposerBase):
+    """Drafts a fixed guess (often rejected) and records everything the hooks hand it."""
+
+    name = "listening"
+    needs_hidden = True
+    needs_every_step = True
+
+    def __init__(self, draft_every: int = 2, hidden_layers: tuple[int, ...] = ()) -> None:
+        self.hidden_layers = hidden_layers
+        self.draft_every = draft_every
+        self.hidden: dict[int, list[torch.Tensor]] = {}
+        self.steps: dict[int, list[tuple[int, int]]] = {}  # (drafted, accepted) per step heard
+        self.proposed: dict[int, int] = {}
+
+    def start(self, seq, prompt_hidden=None) -> None:
+        assert prompt_hidden is not None and prompt_hidden.shape[0] == len(seq.tokens) - 1
+        self.hidden[seq.id] = [prompt_hidden]
+        self.steps[seq.id] = []
+        self.proposed[seq.id] = 0
+
+    def propose(self, seq, k: int) -> Draft:
+        self.proposed[seq.id] += 1
+        if self.proposed[seq.id] % self.draft_every:
+            return Draft([])  # a step that drafts nothing: the hook must still run
+        last = seq.tokens[-1]
+        return Draft([(last + i) % VOCAB for i in range(1, k + 1)])
+
+    def on_step(self, seq, result, hidden) -> None:
+        self.steps[seq.id].append((result.num_drafted, result.num_accepted))
+        self.hidden[seq.id].append(hidden)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(vocab=VOCAB, seed=3, hidden=32, layers=3)
+
+
+def _fresh_hidden(target, tokens: list[int], layers: tuple[int, ...] = ()) -> torch.Tensor:
+    cache = target.decoder.new_cache(1, len(tokens) + 8)
+    _, hidden = target.decoder.forward(torch.tensor([tokens]), cache, return_hidden=True, hidden_layers=layers)
+    return hidden[0]
+
+
+@pytest.mark.parametrize("layers", [(), (0, 2)])
+def test_engine_hands_the_proposer_exactly_a_fresh_prefills_hidden_states(target, layers):
+    """fp32, short enough that the fresh prefill attends row by row too: the states handed over
+    step by step (the prompt's from the prefill, then each step's newly cached positions) are
+    bitwise those of one prefill of every committed token."""
+    proposer = Listening(hidden_layers=layers)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3]
+    result = Engine(target, proposer, k=3).generate(prompt, SamplingParams(max_tokens=30))
+    seq_id = next(iter(proposer.hidden))
+    got = torch.cat(proposer.hidden[seq_id])
+    committed = prompt + result.token_ids
+    want = _fresh_hidden(target, committed[:-1], layers)  # the last committed token is not cached yet
+    assert got.shape == want.shape == (len(committed) - 1, target.config.hidden_size * (len(layers) + 1))
+    assert torch.equal(got, want)
+    steps = proposer.steps[seq_id]
+    assert any(d == 0 for d, _ in steps), "some steps drafted nothing"
+    assert len(steps) == result.stats.steps, "the proposer heard every step, drafted or not"
+
+
+def _run_scheduler(target, proposer, prompts, params, max_batch=4, k=3):
+    scheduler = Scheduler(target, proposer, SchedulerConfig(max_batch=max_batch, k=k, adaptive_k=False))
+    results, done = {}, threading.Semaphore(0)
+
+    def handler(i):
+        def on_event(event):
+            if isinstance(event, (Finished, Failed)):
+                results[i] = event
+                done.release()
+        return on_event
+
+    for i, prompt in enumerate(prompts):
+        scheduler.submit(prompt, params, handler(i))
+    scheduler.start()
+    try:
+        for _ in prompts:
+            assert done.acquire(timeout=120)
+    finally:
+        scheduler.stop()
+    failed = [r for r in results.values() if isinstance(r, Failed)]
+    assert not failed, failed
+    return [results[i].result for i in range(len(prompts))]
+
+
+def test_scheduler_hands_every_sequence_its_own_hidden_states_and_every_step(target):
+    proposer = Listening()
+    prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 8], [0, 5, 10, 15, 20, 5, 10, 3, 3, 3]]
+    results = _run_scheduler(target, proposer, prompts, SamplingParams(max_tokens=20))
+    by_prompt = {tuple(h[0].shape): sid for sid, h in proposer.hidden.items()}
+    for prompt, result in zip(prompts, results):
+        seq_id = by_prompt[(len(prompt), target.config.hidden_size)]
+        committed = prompt + result.token_ids
+        got = torch.cat(proposer.hidden[seq_id])
+        assert torch.equal(got, _fresh_hidden(target, committed[:-1]))
+        assert len(proposer.steps[seq_id]) == result.stats.steps
+        assert any(d == 0 for d, _ in proposer.steps[seq_id])
+
+
+@pytest.mark.parametrize("case", PROPOSER_CASES, ids=[c.name for c in PROPOSER_CASES])
+def test_batched_greedy_equals_plain_for_every_proposer_with_ragged_batches(case, target):
+    """Several requests of different lengths share steps (drafts of different lengths, sequences
+    joining and leaving): each one's greedy output is its plain output."""
+    prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 8, 9, 10, 11, 7, 7, 8], [0, 5, 10], [2, 2, 2, 2, 2, 2], [9]]
+    lengths = [24, 9, 17, 30, 5]
+    params = [SamplingParams(max_tokens=n) for n in lengths]
+    want = [Engine(target).generate(p, sp).token_ids for p, sp in zip(prompts, params)]
+    proposer = make_proposer(case, target)
+    scheduler = Scheduler(target, proposer, SchedulerConfig(max_batch=3, k=4, adaptive_k=False))
+    results, done = {}, threading.Semaphore(0)
+    for i, (prompt, sp) in enumerate(zip(prompts, params)):
+        scheduler.submit(prompt, sp, lambda e, i=i: isinstance(e, (Finished, Failed)) and (
+            results.__setitem__(i, e), done.release()))
+    scheduler.start()
+    try:
+        for _ in prompts:
+            assert done.acquire(timeout=120)
+    finally:
+        scheduler.stop()
+    for i in range(len(prompts)):
+        assert isinstance(results[i], Finished), results[i]
+        assert results[i].result.token_ids == want[i], f"{case.name}: request {i} differs from plain"
+    assert scheduler.stats.drafted > 0, f"{case.name} never drafted: the check proved nothing"
+
+
+# -- options belong to their method ---------------------------------------------------------------
+
+
+def test_an_option_the_method_does_not_read_is_an_error_naming_it(target):
+    with pytest.raises(AuguryError, match=r"--ngram-max is not an option of draft method 'suffix'"):
+        build_proposer("suffix", target, ngram_max=3)
+    with pytest.raises(AuguryError, match=r"--skip-layers is not an option of plain decoding"):
+        build_proposer("plain", target, skip_layers="1")
+    assert build_proposer("ngram", target, ngram_min=2, ngram_max=3).ngram_max == 3
+
+
+def test_cli_refuses_an_unused_option_with_one_line(capsys):
+    from augury.cli import main
+
+    code = main(["generate", "--draft-method", "ngram", "--draft-vocab", "100", "hello"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "--draft-vocab is not an option of draft method 'ngram'" in err
+
+
+def test_bench_refuses_an_option_no_given_method_reads(tmp_path, capsys):
+    from augury.proposers.options import NgramOptions, SuffixOptions, split_options
+
+    split = split_options({"ngram_max": 3, "dtype": "fp32"}, {"ngram": NgramOptions, "suffix": SuffixOptions})
+    assert split == {"ngram": {"ngram_max": 3, "dtype": "fp32"}, "suffix": {"dtype": "fp32"}}
+    with pytest.raises(AuguryError, match="--skip-layers is not an option of any of the methods given"):
+        split_options({"skip_layers": "1"}, {"ngram": NgramOptions})
+
+
+# -- the KV cache's own API ---------------------------------------------------------------------
+
+
+def test_row_views_share_the_pools_lengths_and_rows_move_with_their_slots():
+    pool = KVCache(num_layers=1, batch_size=3, num_kv_heads=1, head_dim=2, max_len=8, dtype=torch.float32)
+    view = pool.rows(1, 3)
+    view.keys[0][:, :, :4] = torch.arange(2 * 4 * 2, dtype=torch.float32).view(2, 1, 4, 2)
+    view.advance(4)
+    view.truncate([3, 2])
+    assert pool.lengths == [0, 3, 2]  # the pool sees what its view did
+    pool.move_row(2, 1)
+    assert pool.lengths == [0, 2, 2]
+    assert torch.equal(pool.keys[0][1, :, :2], pool.keys[0][2, :, :2])
+    with pytest.raises(ValueError, match="cannot truncate"):
+        view.truncate([3, 2])
+
+
+def test_a_tree_block_mask_with_explicit_positions_and_compaction_equals_the_chosen_branch(target):
+    """The decoder's tree arguments: two branches verified in one forward (block_mask, positions),
+    then the chosen branch compacted in the cache, equal feeding that branch alone."""
+    decoder = target.decoder
+    prefix = torch.tensor([[1, 2, 3, 4]])
+    # tree: root r, then branch A (a1, a2) and branch B (b1); slots r, a1, a2, b1
+    tree = torch.tensor([[5, 6, 7, 8]])
+    positions = torch.tensor([[4, 5, 6, 5]])
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 1]], dtype=torch.bool)
+    cache = decoder.new_cache(1, 32)
+    decoder.forward(prefix, cache)
+    tree_logits = decoder.forward(tree, cache, positions=positions, block_mask=mask)
+    cache.compact(0, 4, torch.tensor([0, 3]))  # keep r, b1
+    after = decoder.forward(torch.tensor([[9]]), cache)
+
+    ref = decoder.new_cache(1, 32)
+    decoder.forward(prefix, ref)
+    branch_b = decoder.forward(torch.tensor([[5, 8]]), ref)
+    ref_after = decoder.forward(torch.tensor([[9]]), ref)
+    assert torch.equal(tree_logits[:, [0, 3]], branch_b)
+    assert torch.equal(after, ref_after)
+    ref_a = decoder.new_cache(1, 32)
+    decoder.forward(prefix, ref_a)
+    assert torch.equal(tree_logits[:, :3], decoder.forward(torch.tensor([[5, 6, 7]]), ref_a))
+
+
+# -- the measured padding -----------------------------------------------------------------------
+
+
+def test_calibration_finds_the_padding_that_avoids_a_row_dependent_kernel():
+    """A matmul that rounds differently below 4 rows (as a GEMV path does) is invariant only when
+    padded to at least 4; the calibration must find that, not assume it."""
+    from augury.calibration import calibrate
+
+    weight = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+
+    def rowwise(x):  # every row through the same one-row product: invariant by construction
+        return torch.stack([weight @ row for row in x])
+
+    def quirky(x):
+        out = rowwise(x)
+        return out if x.shape[0] >= 4 else out + 1e-3  # another kernel, other bits
+
+    padding = calibrate([quirky], [8], torch.float32, max_rows=12)
+    assert padding.checked_rows == 12
+    assert padding.pad(1) >= 4 and all(padding.pad(r) >= 4 for r in range(1, 13))
+    plain = calibrate([rowwise], [8], torch.float32, max_rows=12)
+    assert plain.pad(1) == 1, "an invariant matmul needs no padding"
+
+
+def test_calibration_is_cached_with_the_model_and_measured_again_on_another_machine(tmp_path):
+    from augury.calibration import RowPadding, load_or_calibrate
+
+    path = tmp_path / "padding.json"
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return RowPadding(1, 16, 48)
+
+    assert load_or_calibrate(path, "machine-a", measure) == RowPadding(1, 16, 48)
+    assert load_or_calibrate(path, "machine-a", measure) == RowPadding(1, 16, 48)
+    assert len(calls) == 1
+    load_or_calibrate(path, "machine-b", measure)
+    assert len(calls) == 2
