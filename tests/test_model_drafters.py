@@ -389,7 +389,7 @@ def test_unknown_quant_format_is_refused(deep_target):
 @pytest.mark.real
 @pytest.mark.slow
 def test_real_cross_drafting_equals_plain_greedy():
-    from augury.commands.generate import build_prompt_ids
+    from augury.models.tokenizer import build_prompt_ids
     from augury.models.loader import load_model
 
     target = load_model("qwen2.5-coder-1.5b-instruct", dtype="fp32")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from augury.commands.generate import build_prompt_ids
+from augury.models.tokenizer import build_prompt_ids
 from augury.engine import Engine
 from augury.models.loader import load_model
 from augury.models.store import resolve

@@ -138,6 +138,14 @@ class CharTokenizer:
     def decode(self, ids: list[int], *, skip_special: bool = True) -> str:
         return "".join(self.ALPHABET[i] for i in ids if i not in self.eos_ids or not skip_special)
 
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        """A stand-in template over the tiny alphabet: each message as "<role initial> <content>."."""
+        turns = "".join(f"{m['role'][0].upper()} {m['content']}." for m in messages)
+        return turns + (" A " if add_generation_prompt else "")
+
+    def encode_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
+
 
 def tiny_model(vocab: int = 8, seed: int = 0, dtype=torch.float32, eos_id: int | None = None, **kw):
     """A Model (decoder + CharTokenizer) small enough for thousands of engine runs."""

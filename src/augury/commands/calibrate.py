@@ -259,7 +259,7 @@ def calibrate(
 def run_calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from augury.commands.generate import build_prompt_ids
+    from augury.models.tokenizer import build_prompt_ids
     from augury.models.loader import load_model
     from augury.proposers.layer_skip import write_calibration
 

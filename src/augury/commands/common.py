@@ -93,3 +93,10 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
         seed=args.seed,
         ignore_eos=args.ignore_eos,
     )
+
+
+def load_from_args(args: argparse.Namespace, load):
+    """`augury.load` with the model, drafting and method-option flags (generate and serve load alike)."""
+    options = {k: v for k, v in given_draft_options(args).items() if k not in ("dtype", "device", "offline")}
+    return load(args.model, draft_method=args.draft_method, k=args.k, dtype=args.dtype, device=args.device,
+                offline=args.offline, exact=args.exact, **options)

@@ -9,7 +9,7 @@ from augury.commands.common import (
     add_draft_args,
     add_model_args,
     add_sampling_args,
-    given_draft_options,
+    load_from_args,
     sampling_from_args,
 )
 from augury.errors import AuguryError
@@ -45,19 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.set_defaults(func=run_demo)
 
 
-def build_prompt_ids(tokenizer, text: str, chat: bool, system: str | None = None) -> list[int]:
-    """Token ids for a prompt, through the model's chat template when asked."""
-    if chat:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        text = tokenizer.apply_chat_template(messages)
-        return tokenizer.encode(text, add_bos=False)
-    return tokenizer.encode(text)
-
-
 def run_generate(args: argparse.Namespace) -> int:
-    from augury.engine import Engine, check_k
-    from augury.models.loader import load_model
-    from augury.proposers import build_proposer
+    from augury.api import load
+    from augury.step import check_k
 
     params = sampling_from_args(args)
     if args.draft_method != "plain":
@@ -67,28 +57,25 @@ def run_generate(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read()
     if not prompt:
         raise AuguryError("empty prompt: give it as an argument or on stdin")
-    target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline, exact=args.exact)
-    proposer = build_proposer(args.draft_method, target, given_draft_options(args))
-    ids = build_prompt_ids(target.tokenizer, prompt, args.chat, args.system)
-    engine = Engine(target, proposer, k=args.k)
-    result = engine.generate(ids, params, on_text=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+    llm = load_from_args(args, load)
+    ids = llm.encode(prompt, chat=args.chat, system=args.system)
+    result = llm.generate_ids(ids, params, on_text=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
     sys.stdout.write("\n")
     print(f"[{args.draft_method}] {result.stats.summary()} finish={result.finish_reason}", file=sys.stderr)
     return 0
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    from augury.api import load
     from augury.engine import Engine
-    from augury.models.loader import load_model
     from augury.models.store import DEFAULT_DRAFT, DEFAULT_TARGET
-    from augury.proposers import build_proposer
     from augury.proposers.options import ModelOptions
     from augury.sampling import SamplingParams
 
-    target = load_model(DEFAULT_TARGET, offline=args.offline)
     options = ModelOptions(draft=DEFAULT_DRAFT, offline=args.offline)
-    proposer = build_proposer("model", target, draft=options.draft, offline=args.offline)
-    ids = build_prompt_ids(target.tokenizer, args.prompt, chat=True)
+    llm = load(DEFAULT_TARGET, draft_method="model", k=args.k, offline=args.offline, draft=options.draft)
+    target, proposer = llm.target, llm.proposer
+    ids = llm.encode(args.prompt, chat=True)
     params = SamplingParams(max_tokens=args.max_tokens)
     print(
         f"target {DEFAULT_TARGET} (bf16), draft {DEFAULT_DRAFT} ({options.draft_quant} weights, "
