@@ -7,6 +7,13 @@ output token is its inverse), which is how local methods are measured too. The t
 report when it sends one (`stream_options.include_usage`) and otherwise from
 the number of content deltas (one token each on the common servers).
 
+Servers' own extensions are read where present and never required: augury's
+`usage.augury` (drafted, accepted) and llama-server's `timings` (draft_n,
+draft_n_accepted) give α. llama-server (its model list says owned_by
+"llamacpp") reuses the KV cache of an earlier request's common prefix, which
+would let the warm-up prefill the first prompt for free; it is asked not to
+(`cache_prompt: false`), since the other contenders prefill every prompt.
+
 Only the standard library is used (urllib), so this needs no extra install.
 """
 
@@ -49,6 +56,7 @@ class EndpointContender:
         self.api_key = api_key
         self.model = model
         self.method = method
+        self.llama_server = False  # set by check() from the model list
 
     def _request(self, path: str, body: dict | None = None, timeout: float = TIMEOUT_S):
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if body else "application/json"}
@@ -72,11 +80,12 @@ class EndpointContender:
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise AuguryError(f"cannot reach endpoint {self.base}: {reason}") from None
+        entries = [m for m in listing.get("data") or [] if isinstance(m, dict) and m.get("id")]
         if self.model is None:
-            models = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict) and m.get("id")]
-            if not models:
+            if not entries:
                 raise AuguryError(f"endpoint {self.base} lists no models; name one with --served-model")
-            self.model = models[0]
+            self.model = entries[0]["id"]
+        self.llama_server = any(m.get("owned_by") == "llamacpp" for m in entries)
         return self.model
 
     def _events(self, response) -> Iterator[dict]:
@@ -107,15 +116,23 @@ class EndpointContender:
             body["seed"] = params.seed
         if params.stop:
             body["stop"] = list(params.stop)
+        if self.llama_server:
+            body["cache_prompt"] = False
         text, deltas, usage_tokens, prompt_tokens, reason = [], 0, None, 0, "length"
+        drafted = accepted = 0
         first = None
         t0 = time.perf_counter()
         try:
             with self._request("/chat/completions", body) as response:
                 for event in self._events(response):
-                    if event.get("usage"):
-                        usage_tokens = event["usage"].get("completion_tokens", usage_tokens)
-                        prompt_tokens = event["usage"].get("prompt_tokens", prompt_tokens)
+                    if event.get("error"):
+                        raise AuguryError(f"endpoint {self.base} reported an error: {_message(event['error'])}")
+                    usage = event.get("usage")
+                    if isinstance(usage, dict):
+                        usage_tokens = usage.get("completion_tokens", usage_tokens)
+                        prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
+                        drafted, accepted = _drafts(usage.get("augury"), "drafted", "accepted", drafted, accepted)
+                    drafted, accepted = _drafts(event.get("timings"), "draft_n", "draft_n_accepted", drafted, accepted)
                     for choice in event.get("choices") or []:
                         piece = (choice.get("delta") or {}).get("content")
                         if piece:
@@ -133,6 +150,18 @@ class EndpointContender:
         total = time.perf_counter() - t0
         tokens = usage_tokens if usage_tokens is not None else deltas
         stats = SpecStats(
-            prompt_tokens=prompt_tokens, generated_tokens=tokens, prefill_s=(first or t0 + total) - t0, total_s=total
+            prompt_tokens=prompt_tokens, generated_tokens=tokens, prefill_s=(first or t0 + total) - t0, total_s=total,
+            drafted=drafted, accepted=accepted,
         )
         return Outcome([], "".join(text), stats, reason)
+
+
+def _drafts(extension, drafted_key: str, accepted_key: str, drafted: int, accepted: int) -> tuple[int, int]:
+    """Drafted and accepted counts from a server's extension object, when it sends them."""
+    if not isinstance(extension, dict):
+        return drafted, accepted
+    return int(extension.get(drafted_key) or drafted), int(extension.get(accepted_key) or accepted)
+
+
+def _message(error) -> str:
+    return str(error.get("message", error)) if isinstance(error, dict) else str(error)

@@ -1,11 +1,12 @@
-"""Other engines on the same weights, run in the same process as augury's methods.
+"""Other engines on the same weights and prompts, interleaved with augury's methods in one run.
 
 * `hf`: transformers autoregressive `generate` (greedy or sampled);
 * `hf-assisted`: transformers assisted generation with the same draft model;
 * `hf-lookup`: transformers prompt lookup (`prompt_lookup_num_tokens`);
-* `llamacpp`: llama-cpp-python on the target's own GGUF, autoregressive, and
-  `llamacpp-lookup`, its prompt-lookup drafter (`LlamaPromptLookupDecoding`).
-  Only when `import llama_cpp` works; otherwise skipped with a note.
+* `llamacpp`: llama.cpp's own binaries on the target's GGUF (`--llama-cpp DIR`):
+  `llama-completion` for plain decoding and `llamacpp-spec`,
+  `llama-speculative-simple --spec-type draft-simple` with the draft model's
+  GGUF; `llamacpp-lookup` (its ngram-simple drafter) on request.
 
 The transformers models are built directly from augury's already loaded
 tensors (the converted-weights cache), not by transformers' own GGUF loader:
@@ -13,21 +14,29 @@ the tensors are the same bits augury runs on, the fused q/k/v and gate/up
 matrices are handed over as views (no copy), and it takes a second instead of
 ~100 s of dequantization. The speculative peers draft K tokens per step like
 augury (`num_assistant_tokens=K` with a constant schedule and no confidence
-cut-off; `prompt_lookup_num_tokens=K`), so the comparison is at equal K.
+cut-off; `prompt_lookup_num_tokens=K`; llama.cpp's `--spec-draft-n-max K`,
+with its own default confidence cut-off), so the comparison is at equal K.
 
 Decode time is wall time minus prefill, as for augury. transformers fuses
 the prompt's prefill with the first speculative step (assisted generation
 verifies its first draft in the same forward as the prompt), so its prefill
 cannot be read off the stream; each transformers peer instead times a plain
 forward of the prompt (and the assistant's, for hf-assisted) just before
-`generate` and subtracts that. llama.cpp yields its first token right after
-prefill, so there the first streamed token is timed. End-to-end ratios, which
-need no such split, are reported next to the decode ones.
+`generate` and subtracts that. llama.cpp runs in its own process, one per
+generation, and its own timings are used: prompt eval (or "encoded") is the
+prefill, eval and sampling (or "decoded") the decode. End-to-end ratios,
+which need no such split, are reported next to the decode ones.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -44,14 +53,17 @@ COUNTERPARTS = {
     "hf-assisted": "model",
     "hf-lookup": "ngram",
     "llamacpp": "plain",
+    "llamacpp-spec": "model",
     "llamacpp-lookup": "ngram",
 }
-# What --peers accepts; "llamacpp" runs llama.cpp both ways.
+# What --peers accepts; "llamacpp" runs llama.cpp plain and with the draft model.
 PEER_GROUPS = {
     "hf": ("hf",),
     "hf-assisted": ("hf-assisted",),
     "hf-lookup": ("hf-lookup",),
-    "llamacpp": ("llamacpp", "llamacpp-lookup"),
+    "llamacpp": ("llamacpp", "llamacpp-spec"),
+    "llamacpp-plain": ("llamacpp",),
+    "llamacpp-spec": ("llamacpp-spec",),
     "llamacpp-lookup": ("llamacpp-lookup",),
 }
 
@@ -66,14 +78,6 @@ def parse_peers(spec: str | None) -> list[str]:
             raise AuguryError(f"unknown peer '{item}' (choose from {', '.join(PEER_GROUPS)})")
         names.extend(n for n in PEER_GROUPS[item] if n not in names)
     return names
-
-
-def llama_cpp_available() -> bool:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 # -- transformers models from augury's tensors -------------------------------------------
@@ -250,66 +254,263 @@ class HFContender:
         return Outcome(tokens, self.tokenizer.decode(tokens), stats, reason)
 
 
+# -- llama.cpp's own binaries ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlamaCppTool:
+    """One way of running llama.cpp: a binary and, for speculation, its drafter type and draft-length flag."""
+
+    binary: str
+    spec_type: str | None = None  # None: plain decoding
+    k_flag: str | None = None  # the flag that sets the draft length K
+    draft_model: bool = False  # runs the draft model's GGUF (-md)
+
+
+LLAMA_CPP_TOOLS = {
+    "llamacpp": LlamaCppTool("llama-completion"),
+    "llamacpp-spec": LlamaCppTool("llama-speculative-simple", "draft-simple", "--spec-draft-n-max", draft_model=True),
+    "llamacpp-lookup": LlamaCppTool("llama-speculative-simple", "ngram-simple", "--spec-ngram-simple-size-m"),
+}
+PEERS_WITH_DRAFT = ("hf-assisted", "llamacpp-spec")  # peers that run the draft model too
+LLAMA_CPP_TIMEOUT_S = 1800.0
+_MS = r"([0-9]+(?:\.[0-9]+)?)"
+
+
+def llama_cpp_binary(folder: str | os.PathLike | None, name: str) -> Path:
+    """The path of one llama.cpp binary in the --llama-cpp folder, or one clear error."""
+    if folder is None:
+        raise AuguryError(
+            "the llamacpp peers need --llama-cpp DIR, the folder holding llama.cpp's binaries "
+            "(../shared/peers/build-llama-cpp.sh builds them)"
+        )
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise AuguryError(f"--llama-cpp {folder}: no such folder")
+    path = root / name
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise AuguryError(f"--llama-cpp {folder} holds no executable {name}")
+    return path
+
+
+def check_llama_cpp(names: list[str], folder: str | os.PathLike | None) -> None:
+    """Fail before anything loads if a requested llama.cpp peer's binary is missing."""
+    for name in names:
+        if name in LLAMA_CPP_TOOLS:
+            llama_cpp_binary(folder, LLAMA_CPP_TOOLS[name].binary)
+
+
+def gguf_file(path: Path | None, role: str) -> Path:
+    """llama.cpp reads GGUF files only; say so in one line for anything else."""
+    if path is None or path.suffix != ".gguf" or not path.is_file():
+        raise AuguryError(f"the llamacpp peers need a GGUF {role}; {path} is not one")
+    return path
+
+
+def run_llama_cpp(command: list[str], timeout_s: float = LLAMA_CPP_TIMEOUT_S) -> tuple[str, str]:
+    """Run one llama.cpp binary to the end; its stdout and stderr, or one line naming what went wrong."""
+    name = Path(command[0]).name
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise AuguryError(f"{name} did not finish within {timeout_s:.0f} s") from None
+    except OSError as exc:
+        raise AuguryError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+    out = done.stdout.decode("utf-8", errors="replace")
+    err = done.stderr.decode("utf-8", errors="replace")
+    if done.returncode != 0:
+        last = next((line.strip() for line in reversed(err.splitlines()) if line.strip()), "no message")
+        raise AuguryError(f"{name} failed (exit {done.returncode}): {last}")
+    return out, err
+
+
+def _last(pattern: str, text: str, tool: str, what: str) -> tuple[str, ...]:
+    """The groups of the last match (a binary may print a figure more than once); a clear error if none."""
+    found = re.findall(pattern, text)
+    if not found:
+        raise AuguryError(f"{tool} printed no '{what}' line; is this llama.cpp's {tool}?")
+    last = found[-1]
+    return last if isinstance(last, tuple) else (last,)
+
+
+@dataclass(frozen=True)
+class LlamaCppTimings:
+    """What one llama.cpp run reported about itself, in augury's terms."""
+
+    prompt_tokens: int
+    prefill_s: float
+    decode_s: float
+    drafted: int = 0
+    accepted: int = 0
+    committed: int = 0  # tokens the speculative loop committed (its n_predict); 0 for plain decoding
+
+
+def parse_completion_timings(stderr: str) -> LlamaCppTimings:
+    """llama-completion's perf lines: prompt eval is the prefill, eval plus sampling the decode.
+
+    "eval time = Y ms / M runs" covers the forwards after the first token, which
+    the prompt's forward yields, the same split as augury's prefill_s. Sampling is
+    added to the decode because augury's decode wall time includes its own.
+    """
+    tool = "llama-completion"
+    prefill_ms, prompt_tokens = _last(rf"prompt eval time\s*=\s*{_MS} ms\s*/\s*(\d+) tokens", stderr, tool,
+                                      "prompt eval time")
+    (eval_ms, _runs) = _last(rf"(?<!prompt )eval time\s*=\s*{_MS} ms\s*/\s*(\d+) runs", stderr, tool, "eval time")
+    sampling = re.findall(rf"sampling time\s*=\s*{_MS} ms", stderr)
+    sampling_ms = float(sampling[-1]) if sampling else 0.0
+    return LlamaCppTimings(int(prompt_tokens), float(prefill_ms) / 1e3, (float(eval_ms) + sampling_ms) / 1e3)
+
+
+def parse_speculative_timings(stderr: str) -> LlamaCppTimings:
+    """llama-speculative-simple's summary: encoded (prefill), decoded (the loop), n_drafted, n_accept."""
+    tool = "llama-speculative-simple"
+    prompt_tokens, enc_s = _last(rf"encoded\s+(\d+) tokens in\s+{_MS} seconds", stderr, tool, "encoded")
+    committed, dec_s = _last(rf"decoded\s+(\d+) tokens in\s+{_MS} seconds", stderr, tool, "decoded")
+    (drafted,) = _last(r"n_drafted\s*=\s*(\d+)", stderr, tool, "n_drafted")
+    (accepted,) = _last(r"n_accept\s*=\s*(\d+)", stderr, tool, "n_accept")
+    return LlamaCppTimings(
+        int(prompt_tokens), float(enc_s), float(dec_s), int(drafted), int(accepted), committed=int(committed)
+    )
+
+
+def _sampling_flags(params: SamplingParams) -> list[str]:
+    """augury's sampling parameters as llama.cpp flags; its own defaults (top-k 40, min-p 0.05) overridden."""
+    flags = [
+        "--temp", str(params.temperature), "--top-k", str(params.top_k), "--top-p", str(params.top_p),
+        "--min-p", str(params.min_p), "--repeat-penalty", str(params.repetition_penalty),
+        "--presence-penalty", str(params.presence_penalty), "--frequency-penalty", str(params.frequency_penalty),
+    ]
+    if params.seed is not None:
+        flags += ["--seed", str(params.seed)]
+    if params.ignore_eos:
+        flags.append("--ignore-eos")
+    return flags
+
+
+END_OF_TEXT = " [end of text]\n"  # what llama-completion prints after an end-of-sequence token
+
+
+def completion_answer(stdout: str) -> tuple[str, bool]:
+    """The generated text in llama-completion's stdout (prompt not displayed), and whether it hit EOS."""
+    text = stdout.removesuffix("\n\n")
+    return text.removesuffix(END_OF_TEXT), text.endswith(END_OF_TEXT)
+
+
+def speculative_answer(stdout: str, prompt: str) -> str:
+    """The generated text in llama-speculative-simple's stdout, which echoes the prompt before it."""
+    start = stdout.find(prompt)
+    if start < 0:
+        raise AuguryError("llama-speculative-simple did not echo the prompt; cannot tell its answer apart")
+    answer = stdout[start + len(prompt):]
+    for tail in ("\n\n\n\n", "\n\n"):
+        if answer.endswith(tail):
+            return answer[: -len(tail)]
+    return answer
+
+
 class LlamaCppContender:
-    """llama-cpp-python on the target's GGUF, autoregressive or with its prompt-lookup drafter."""
+    """llama.cpp's own binaries on the target's GGUF, one process per generation, timed by llama.cpp.
+
+    The prompt is the very text augury tokenizes (chat template applied), written
+    to a file whose special tokens llama.cpp parses; its token count is checked
+    against augury's, so both engines see the same prompt. Tokens are counted by
+    encoding the answer with augury's tokenizer (the GGUF's own vocabulary):
+    llama-speculative-simple's n_predict also counts tokens after an EOS within
+    an accepted block. Model loading is outside llama.cpp's timings, as augury's
+    is outside its own.
+    """
 
     kind = "peer"
-    lossless = False
+    lossless = False  # other kernels, other numerics
 
-    def __init__(self, method: str, target: Model, k: int, lookup: bool, n_ctx: int) -> None:
-        from llama_cpp import Llama
-
-        if target.source.suffix != ".gguf":
-            raise AuguryError(f"the llamacpp peer needs a GGUF target; {target.source} is not one")
-        draft = None
-        if lookup:
-            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-            draft = LlamaPromptLookupDecoding(num_pred_tokens=k)
+    def __init__(
+        self,
+        method: str,
+        target: Model,
+        binary: Path,
+        *,
+        chat: bool,
+        n_ctx: int,
+        threads: int,
+        k: int = 0,
+        draft: Path | None = None,
+    ) -> None:
         self.method = method
-        self.k = k if lookup else 0
+        self.tool = LLAMA_CPP_TOOLS[method]
+        self.k = k if self.tool.spec_type else 0
         self.counterpart = COUNTERPARTS.get(method)
         self.tokenizer = target.tokenizer
-        self.eos_ids = target.tokenizer.eos_ids
-        self.llm = Llama(
-            model_path=str(target.source), n_ctx=n_ctx, n_threads=torch.get_num_threads(),
-            draft_model=draft, verbose=False,
-        )
+        self.gguf = gguf_file(target.source, "target")
+        self.draft = gguf_file(draft, "draft model") if self.tool.draft_model else None
+        self.binary = binary
+        self.chat = chat
+        self.n_ctx = n_ctx
+        self.threads = threads
+
+    def command(self, prompt_file: Path, params: SamplingParams) -> list[str]:
+        """The llama.cpp command line for one generation."""
+        common = [
+            str(self.binary), "-m", str(self.gguf), "-f", str(prompt_file), "-t", str(self.threads),
+            "-c", str(self.n_ctx), "-b", str(self.n_ctx), "--no-escape", *_sampling_flags(params),
+        ]
+        if self.tool.spec_type is None:
+            return [*common, "-n", str(params.max_tokens), "-no-cnv", "--simple-io", "--no-display-prompt"]
+        # the speculative loop stops once it has committed more than -n tokens: -n N - 1 commits N
+        spec = ["-n", str(params.max_tokens - 1), "--spec-type", self.tool.spec_type, self.tool.k_flag, str(self.k)]
+        if self.draft is not None:
+            spec += ["-md", str(self.draft), "-td", str(self.threads)]
+        return [*common, *spec]
 
     def generate(self, messages: Messages, prompt_ids: list[int] | None, params: SamplingParams) -> Outcome:
         assert prompt_ids is not None
-        self.llm.reset()
-        if params.seed is not None:
-            self.llm.set_seed(params.seed)
-        tokens: list[int] = []
-        reason = "length"
-        first = None
-        t0 = time.perf_counter()
-        stream = self.llm.generate(
-            prompt_ids, temp=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
-            repeat_penalty=params.repetition_penalty, reset=True,
-        )
-        for token in stream:
-            if first is None:
-                first = time.perf_counter()
-            if token in self.eos_ids and not params.ignore_eos:
-                reason = "stop"
-                break
-            tokens.append(int(token))
-            if len(tokens) >= params.max_tokens:
-                break
-        stream.close()
-        total = time.perf_counter() - t0
+        from augury.bench.runner import prompt_text
+
+        prompt = prompt_text(self.tokenizer, messages, self.chat)
+        with tempfile.TemporaryDirectory(prefix="augury-llama-cpp-") as tmp:
+            prompt_file = Path(tmp) / "prompt.txt"
+            # llama.cpp drops one trailing newline of a prompt file; this one, so the prompt keeps its own
+            prompt_file.write_text(prompt + "\n", encoding="utf-8")
+            stdout, stderr = run_llama_cpp(self.command(prompt_file, params))
+        if self.tool.spec_type is None:
+            timings = parse_completion_timings(stderr)
+            answer, hit_eos = completion_answer(stdout)
+        else:
+            timings = parse_speculative_timings(stderr)
+            answer, hit_eos = speculative_answer(stdout, prompt), False
+        if timings.prompt_tokens != len(prompt_ids):
+            raise AuguryError(
+                f"{self.tool.binary} read the prompt as {timings.prompt_tokens} tokens, augury as {len(prompt_ids)}; "
+                "the two would not run the same prompt"
+            )
+        tokens = self.tokenizer.encode(answer, add_bos=False)[: params.max_tokens]
+        reason = "stop" if hit_eos or len(tokens) < params.max_tokens else "length"
         stats = SpecStats(
-            prompt_tokens=len(prompt_ids), generated_tokens=len(tokens), prefill_s=(first or t0) - t0, total_s=total
+            prompt_tokens=timings.prompt_tokens,
+            generated_tokens=len(tokens),
+            prefill_s=timings.prefill_s,
+            total_s=timings.prefill_s + timings.decode_s,
+            drafted=timings.drafted,
+            accepted=timings.accepted,
         )
-        return Outcome(tokens, self.tokenizer.decode(tokens), stats, reason)
+        if timings.committed:  # each verification commits its accepted drafts plus one token
+            stats.steps = timings.committed - timings.accepted
+            stats.target_forwards = stats.steps + 1
+        return Outcome(tokens, answer, stats, reason)
 
 
 def build_peers(
-    names: list[str], target: Model, draft: Model | None, k: int, n_ctx: int, notes: list[str]
+    names: list[str],
+    target: Model,
+    draft: Model | None,
+    k: int,
+    n_ctx: int,
+    notes: list[str],
+    *,
+    llama_cpp: str | os.PathLike | None = None,
+    draft_file: Path | None = None,
+    chat: bool = True,
 ) -> list:
-    """Contenders for the requested peers; unavailable ones are skipped with a note."""
+    """Contenders for the requested peers (llama.cpp's run the binaries in the llama_cpp folder)."""
     peers: list = []
     hf_names = [n for n in names if n.startswith("hf")]
     if hf_names:
@@ -324,12 +525,15 @@ def build_peers(
                 HFContender(name, target, hf_target, k, hf_draft=hf_draft if name == "hf-assisted" else None,
                             lookup=name == "hf-lookup")
             )
-    cpp_names = [n for n in names if n.startswith("llamacpp")]
-    if cpp_names and not llama_cpp_available():
-        notes.append(
-            f"peers {', '.join(cpp_names)} skipped: llama-cpp-python is not installed (import llama_cpp failed)"
-        )
-        cpp_names = []
+        notes.append("transformers peers run on augury's own loaded tensors (same bits), greedy or sampled "
+                     "like augury, speculative ones at the same K")
+    cpp_names = [n for n in names if n in LLAMA_CPP_TOOLS]
+    threads = torch.get_num_threads()
     for name in cpp_names:
-        peers.append(LlamaCppContender(name, target, k, lookup=name.endswith("lookup"), n_ctx=n_ctx))
+        binary = llama_cpp_binary(llama_cpp, LLAMA_CPP_TOOLS[name].binary)
+        peers.append(LlamaCppContender(name, target, binary, chat=chat, n_ctx=n_ctx, threads=threads, k=k,
+                                       draft=draft_file))
+    if cpp_names:
+        notes.append(f"llama.cpp peers run {llama_cpp} on {target.source.name} with {threads} threads, "
+                     "timed by llama.cpp itself (prefill: prompt eval; decode: eval and sampling)")
     return peers

@@ -19,7 +19,8 @@ from augury.bench.summary import OVERALL, Summary, summarize
 from augury.errors import AuguryError
 
 DEFINITIONS = (
-    "tokens/s = Σ generated tokens ÷ Σ decode seconds (wall time after each generation's first token).",
+    "tokens/s = Σ generated tokens ÷ Σ decode seconds (wall time after each generation's first token); "
+    "e2e tok/s: ÷ Σ whole wall time, prefill included. llama.cpp peers are timed by llama.cpp itself.",
     "speed-up = a method's tokens/s ÷ plain decoding's tokens/s over the prompts both finished in this same "
     "run (interleaved prompt by prompt); per task over that task's prompts, overall over all of them "
     "(a ratio of sums, not a mean of task speed-ups). e2e: the same with whole wall time, prefill included.",
@@ -77,14 +78,14 @@ def tables(s: Summary) -> list[Table]:
         total = agg.total_s or 1.0
         same = s.compared.get(key)
         rows.append([
-            s.labels[key], s.kinds[key], _f(agg.tokens_per_s), _f(agg.speedup, ".2f", "x"),
+            s.labels[key], s.kinds[key], _f(agg.tokens_per_s), _f(agg.tokens_per_s_e2e), _f(agg.speedup, ".2f", "x"),
             _f(agg.speedup_e2e, ".2f", "x"), _f(agg.ttft_s * 1000, ".0f"), _f(agg.tpot_s * 1000, ".1f"),
             f"{same[0]}/{same[1]}" if same else "—",
             *(f"{100 * getattr(agg, part) / total:.0f}%" for part in ("prefill_s", "draft_s", "verify_s", "other_s")),
         ])
     out.append(Table(
         "Overall: speed, latency, correctness and where the time went",
-        ["method", "kind", "tok/s", "speed-up", "e2e speed-up", "TTFT ms", "TPOT ms", "= plain",
+        ["method", "kind", "tok/s", "e2e tok/s", "speed-up", "e2e speed-up", "TTFT ms", "TPOT ms", "= plain",
          "prefill", "draft", "verify", "other"],
         rows,
     ))
@@ -105,11 +106,13 @@ def tables(s: Summary) -> list[Table]:
         out.append(Table("Sweep over K (overall)", ["method", "K", "speed-up", "τ"], rows))
 
     if s.peers:
-        rows = [[p.peer, _f(p.peer_tokens_per_s), p.counterpart or "—", _f(p.counterpart_ratio, ".2f", "x"),
-                 _f(p.counterpart_ratio_e2e, ".2f", "x"), p.best, _f(p.best_ratio, ".2f", "x")] for p in s.peers]
+        rows = [[p.peer, _f(p.peer_tokens_per_s), _f(p.peer_tokens_per_s_e2e), p.counterpart or "—",
+                 _f(p.counterpart_ratio, ".2f", "x"), _f(p.counterpart_ratio_e2e, ".2f", "x"), p.best,
+                 _f(p.best_ratio, ".2f", "x")] for p in s.peers]
         out.append(Table(
             "augury against peers (augury tok/s ÷ peer tok/s on the prompts both ran)",
-            ["peer", "peer tok/s", "augury counterpart", "ratio", "e2e ratio", "augury fastest", "ratio"],
+            ["peer", "peer tok/s", "peer e2e tok/s", "augury counterpart", "ratio", "e2e ratio", "augury fastest",
+             "ratio"],
             rows,
         ))
 
@@ -329,7 +332,8 @@ def console_summary(s: Summary) -> str:
         if agg is None:
             continue
         lines.append(
-            f"{s.labels[key]:>22}: {agg.tokens_per_s:7.2f} tok/s  speed-up {_f(agg.speedup, '.2f', 'x'):>6}"
+            f"{s.labels[key]:>22}: {agg.tokens_per_s:7.2f} tok/s (e2e {agg.tokens_per_s_e2e:6.2f})"
+            f"  speed-up {_f(agg.speedup, '.2f', 'x'):>6}"
             f"  tau {_f(agg.tau):>5}  alpha {_f(agg.alpha):>5}"
         )
     if s.mismatches:

@@ -91,11 +91,18 @@ class EngineContender:
         return Outcome(result.token_ids, result.text, result.stats, result.finish_reason)
 
 
+def prompt_text(tokenizer, messages: Messages, chat: bool) -> str:
+    """The text a conversation is fed as: through the chat template, or its turns concatenated (raw).
+
+    Peers that take text rather than token ids (llama.cpp's binaries) get exactly this.
+    """
+    return tokenizer.apply_chat_template(messages) if chat else "".join(m["content"] for m in messages)
+
+
 def encode_messages(tokenizer, messages: Messages, chat: bool) -> list[int]:
-    """Token ids of a conversation: through the chat template, or its turns concatenated (raw)."""
-    if chat:
-        return tokenizer.encode(tokenizer.apply_chat_template(messages), add_bos=False)
-    return tokenizer.encode("".join(m["content"] for m in messages))
+    """Token ids of a conversation (`prompt_text`); a chat template brings its own special tokens."""
+    text = prompt_text(tokenizer, messages, chat)
+    return tokenizer.encode(text, add_bos=False) if chat else tokenizer.encode(text)
 
 
 def run_key(prompt_id: str, method: str, k: int) -> tuple[str, str, int]:

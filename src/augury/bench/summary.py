@@ -136,6 +136,7 @@ class PeerComparison:
 
     peer: str
     peer_tokens_per_s: float  # over all the peer's prompts
+    peer_tokens_per_s_e2e: float  # the same with whole wall time (prefill included)
     counterpart: str | None  # the augury method doing the same thing (plain for hf, model for hf-assisted, ...)
     counterpart_ratio: float | None
     counterpart_ratio_e2e: float | None  # the same with whole wall time (prefill included)
@@ -305,6 +306,7 @@ def _compare_peers(keys, kinds, labels, meta, by_key) -> list[PeerComparison]:
             PeerComparison(
                 peer=labels[key],
                 peer_tokens_per_s=aggregate(list(theirs.values())).tokens_per_s,
+                peer_tokens_per_s_e2e=aggregate(list(theirs.values())).tokens_per_s_e2e,
                 counterpart=labels[counterpart] if counterpart else None,
                 counterpart_ratio=ratios.get(counterpart) if counterpart else None,
                 counterpart_ratio_e2e=_ratio(by_key[counterpart], theirs, e2e=True) if counterpart else None,

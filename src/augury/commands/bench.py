@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from functools import partial
 from pathlib import Path
@@ -12,7 +11,7 @@ from augury.commands.common import (
     add_draft_args,
     add_model_args,
     add_sampling_args,
-    draft_options_from_args,
+    given_draft_options,
     sampling_from_args,
 )
 from augury.errors import AuguryError
@@ -40,9 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="multi-turn prompts: first turn only (default) or all, feeding back each method's answers")
     p.add_argument("--no-chat", dest="chat", action="store_false", help="feed prompts raw, without the chat template")
     p.add_argument("--sweep-k", default=None, help="comma list of K: run each drafting method at every K")
-    p.add_argument("--peers", default=None,
-                   help="comma list of hf, hf-assisted, hf-lookup, llamacpp (autoregressive and prompt lookup), "
-                   "llamacpp-lookup: other engines on the same weights")
+    add_peer_args(p, "comma list of hf, hf-assisted, hf-lookup, llamacpp (llama.cpp plain and with the draft "
+                  "model), llamacpp-plain, llamacpp-spec, llamacpp-lookup: other engines on the same weights")
     p.add_argument("--endpoint", default=None, help="also benchmark an OpenAI-compatible server at this URL")
     p.add_argument("--api-key", default=None, help="bearer token for --endpoint")
     p.add_argument("--served-model", default=None, help="model name to request from --endpoint (default: first listed)")
@@ -54,15 +52,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument("--report-only", action="store_true", help="only rebuild the report from --out's records")
     add_model_args(p)
-    add_draft_args(p)
-    add_sampling_args(p)
-    p.add_argument(
-        "--max-new-tokens", dest="max_tokens", type=int, metavar="N", help="tokens to generate per turn (default 128)"
-    )
-    p.set_defaults(func=run_bench_command, max_tokens=128)
-    for action in p._actions:  # --methods and --max-new-tokens stand for these here
-        if action.dest == "draft_method" or "--max-tokens" in action.option_strings:
-            action.help = argparse.SUPPRESS
+    add_draft_args(p, default_method=None)  # --methods names them here
+    add_sampling_args(p, max_tokens=128)
+    p.set_defaults(func=run_bench_command)
+
+
+def add_peer_args(p: argparse.ArgumentParser, peers_help: str, bare: str | None = None) -> None:
+    """--peers and --llama-cpp (bench and profile). bare: what a --peers given without a value means."""
+    p.add_argument("--peers", default=None, nargs="?" if bare else None, const=bare, help=peers_help)
+    p.add_argument("--llama-cpp", default=None, metavar="DIR",
+                   help="folder holding llama.cpp's binaries, for the llamacpp peers "
+                   "(../shared/peers/build-llama-cpp.sh builds them)")
 
 
 def parse_methods(spec: str | None) -> list[str]:
@@ -111,7 +111,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     # Everything a user can get wrong is checked before any model loads or any file is written.
     from augury.bench.endpoint import EndpointContender
-    from augury.bench.peers import parse_peers
+    from augury.bench.peers import PEERS_WITH_DRAFT, check_llama_cpp, parse_peers
     from augury.bench.suites import load_suite
     from augury.engine import check_k
 
@@ -120,6 +120,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     ks = parse_ks(args.sweep_k, args.k)
     check_k(args.k)
     peers = parse_peers(args.peers)
+    check_llama_cpp(peers, args.llama_cpp)
+    draft_peers = set(peers) & set(PEERS_WITH_DRAFT)
     if not methods and not args.endpoint:
         raise AuguryError("nothing to run: give --methods and/or --endpoint")
     if peers and not methods:
@@ -127,7 +129,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if args.max_prompts is not None and args.max_prompts < 1:
         raise AuguryError("--max-prompts must be at least 1")
     if args.max_tokens < 1:
-        raise AuguryError("--max-new-tokens must be at least 1")
+        raise AuguryError("--max-tokens must be at least 1")
     params = sampling_from_args(args)
     suite = load_suite(args.suite, args.data)
     check_out_dir(out, args.resume, args.overwrite)
@@ -139,11 +141,15 @@ def run_bench_command(args: argparse.Namespace) -> int:
     notes: list[str] = []
     contenders: list = []
     target = None
-    options = draft_options_from_args(argparse.Namespace(**{**vars(args), "draft_method": "plain"}))
-    if args.draft is None and (set(drafting) & set(DRAFT_MODEL_METHODS) or "hf-assisted" in peers):
-        from augury.models.store import DEFAULT_DRAFT
+    from augury.proposers import METHODS
+    from augury.proposers.options import DEFAULT_DRAFT, method_fields, split_options
 
-        options = dataclasses.replace(options, draft=DEFAULT_DRAFT)
+    given = given_draft_options(args)
+    draft_name = str(given.get("draft", DEFAULT_DRAFT))  # the draft model of the model-drafting peers
+    readers = {m: METHODS[m].options for m in drafting}
+    if draft_peers and not any("draft" in method_fields(cls) for cls in readers.values()):
+        given = {k: v for k, v in given.items() if k != "draft"}  # --draft is the peers' alone here
+    options = split_options(given, readers)
     if methods:
         target, contenders, draft_model = _build_local(args, methods, ks, options)
         if peers:
@@ -154,11 +160,15 @@ def run_bench_command(args: argparse.Namespace) -> int:
                 # the peer gets the draft model as stored, in the run's dtype.
                 from augury.models.loader import load_model
 
-                draft_model = load_model(options.draft, dtype=args.dtype, device=args.device, offline=args.offline)
+                draft_model = load_model(draft_name, dtype=args.dtype, device=args.device, offline=args.offline)
+            draft_file = None
+            if "llamacpp-spec" in peers:
+                from augury.models.store import resolve
+
+                draft_file = resolve(draft_name, offline=args.offline)
             n_ctx = min(target.config.context_length, LLAMA_CPP_MAX_CTX)
-            contenders += build_peers(peers, target, draft_model, args.k, n_ctx, notes)
-            notes.append("transformers peers run on augury's own loaded tensors (same bits), greedy or sampled "
-                         "like augury, speculative ones at the same K")
+            contenders += build_peers(peers, target, draft_model, args.k, n_ctx, notes, llama_cpp=args.llama_cpp,
+                                      draft_file=draft_file, chat=args.chat)
     if endpoint is not None:
         contenders.append(endpoint)
 
@@ -172,7 +182,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         all_turns=args.turns == "all",
         settings={
             "model": args.model if target is not None else None,
-            "draft": options.draft if (set(drafting) & set(DRAFT_MODEL_METHODS) or "hf-assisted" in peers) else None,
+            "draft": draft_name if (set(drafting) & set(DRAFT_MODEL_METHODS) or draft_peers) else None,
             "suite": args.suite,
             "data": str(suite.path.resolve()),
             "k": args.k if args.sweep_k is None else ks,
@@ -204,7 +214,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_local(args: argparse.Namespace, methods: list[str], ks: list[int], options):
+def _build_local(args: argparse.Namespace, methods: list[str], ks: list[int], options: dict[str, dict]):
     """Load the target once and each drafter once; one contender per (method, K)."""
     from augury.bench.runner import EngineContender
     from augury.models.loader import load_model
@@ -214,7 +224,7 @@ def _build_local(args: argparse.Namespace, methods: list[str], ks: list[int], op
     contenders = []
     draft_model = None
     for method in methods:
-        proposer = build_proposer(method, target, options)
+        proposer = build_proposer(method, target, options.get(method))
         if proposer is None:
             contenders.append(EngineContender(target, None, "plain", 0))
             continue
