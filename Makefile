@@ -1,12 +1,13 @@
 # Two commands for a fresh machine:
 #   make demo   set up .venv, pull the default model pair, run a speculative generation
-#   make test   set up .venv with the test extras and run the whole suite
+#   make test   set up .venv with the test extras and run the whole suite (what CI runs)
+#   make test-fast  everything not marked real or slow (a few minutes)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.augury-installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-fast venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +23,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not real and not slow" tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -30,12 +30,15 @@ def target():
 def test_greedy_speculative_equals_plain(case, k, target):
     params = SamplingParams(max_tokens=40)
     proposer = make_proposer(case, target)
+    drafted = 0
     for prompt in PROMPTS:
         plain = Engine(target).generate(prompt, params)
         spec = Engine(target, proposer, k=k).generate(prompt, params)
         assert spec.token_ids == plain.token_ids, f"{case.name} K={k}: speculative greedy output differs from plain"
         assert spec.stats.steps < plain.stats.steps or spec.stats.accepted == 0
         assert len(spec.token_ids) == 40
+        drafted += spec.stats.drafted
+    assert drafted > 0, f"{case.name} K={k} never drafted: the equality above proved nothing"
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])

@@ -114,7 +114,7 @@ class DraftModelProposer(ProposerBase):
         """Draft up to ks[i] tokens for each sequence, one drafter forward per position for all.
 
         Decoding is bound by reading the weights, so a forward over a few
-        sequences' rows costs about what one costs (the int8 0.5B drafter's
+        sequences' rows costs about what one costs (the 0.5B drafter's
         matmuls here: 4 rows about 1.1x one row, 8 rows about 2x): a server
         drafting for 4 sequences pays for about one.
         """

@@ -1,34 +1,26 @@
-"""Quantized self-drafting: an int8 (or 4-bit) copy of the target drafts for the target.
+"""Quantized self-drafting: a 4-bit (default on CPU) or int8 copy of the target drafts for the target.
 
-The weight formats here (`Int8Weight`, `Int4Weight`) also make the separate
+The weight formats here (`Int4Weight`, `Int8Weight`) also make the separate
 draft model cheap: the model drafter quantizes its draft model to 4 bits by
 default on CPU (see `Int4Weight` for why that beats int8 here).
 
 Decoding one token is bound by reading the weights, so a copy whose linear
-layers hold int8 weights (one scale per output channel, symmetric) reads about
-half the bytes of bf16 and should draft faster, while staying close enough to
-the target that most of its tokens are accepted. It shares the target's
-tokenizer, embeddings, norms and biases; only the four matmul weights of each
-layer (wqkv, wo, w_gate_up, w_down) and lm_head are quantized.
-Verification by the full-precision target keeps the output lossless whatever
-the quantization error: greedy output equals plain greedy output, and sampled
-drafts carry q_draft through rejection sampling.
+layers hold low-bit weights reads a quarter (int4, groups of 32) or half
+(int8, one scale per output channel) of the bytes of bf16 and drafts faster,
+while staying close enough to the target that most of its tokens are
+accepted. It shares the target's tokenizer, embeddings, norms and biases;
+only the four matmul weights of each layer (wqkv, wo, w_gate_up, w_down) and
+lm_head are quantized. Verification by the full-precision target keeps the
+output lossless whatever the quantization error: greedy output equals plain
+greedy output, and sampled drafts carry q_draft through rejection sampling.
 
-The int8 matmul is torch's `_weight_int8pack_mm` (activations in bf16/fp16/fp32,
-int8 weights, per-row scales, dequantized inside the kernel). Where it is
-missing or fails, the fallback dequantizes on the fly (int8 -> activation
-dtype, then a plain matmul), which is correct but slower than bf16.
-
-Measured on the development machine (a shared 2-core AMD EPYC with AVX-512
-VNNI/BF16, torch 2.13, one thread, Qwen2.5-Coder-1.5B, a few iterations): one
-decode step takes 0.30 s for the bf16 target and 0.17 s for this int8 copy
-(1.8x faster), so the fused path beats bf16 here. Single matmuls: the int8
-kernel took 0.3-0.5x the bf16 time for the down projection and lm_head and
-about the same for the fused gate/up projection; the dequantizing fallback
-was 2-15x slower than bf16, so without the kernel this method costs more than
-it saves (still correct and lossless). A 32-token smoke run drafted with
-acceptance 1.00 (tau 4.4 at K = 4). Quantizing takes tens of seconds for 1.5B
-parameters at start-up; it is not cached.
+The int4 matmul is torch's `_weight_int4pack_mm_for_cpu`, the int8 one
+`_weight_int8pack_mm` (activations in the model dtype, weights dequantized
+inside the kernel). Where int4 does not run (GPUs) int8 is used; where the
+int8 kernel is missing the fallback dequantizes on the fly, which is correct
+but slower than bf16. Measured speeds are in docs/benchmarks.md (the int4
+self-draft: 1.63x over plain against int8's 1.19x on six Spec-Bench prompts).
+Quantizing takes tens of seconds for 1.5B parameters at start-up; it is not cached.
 """
 
 from __future__ import annotations
@@ -43,8 +35,8 @@ from augury.errors import AuguryError
 from augury.models.decoder import Decoder, LINEAR_FIELDS, PackedWeight, Weights, dense_weight, linear
 from augury.models.loader import Model
 from augury.proposers.draft_model import DraftModelProposer
-
 from augury.proposers.options import QUANT_FORMATS
+
 _ROWS_PER_CHUNK = 8192  # quantize big matrices (lm_head) in row chunks to bound the fp32 scratch memory
 # Above this many rows (a prompt's prefill) the int8 kernel loses to the dense
 # bf16 GEMM, which is compute-bound there; decode steps stay below it.
