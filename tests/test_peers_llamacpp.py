@@ -70,14 +70,16 @@ if tool == "llama-completion":
         "common_perf_print:       total time =    1400.00 ms / %5d tokens\n"
         % (config["sampling_ms"], n, config["prefill_ms"], p, config["eval_ms"] * runs, runs, p + runs))
 else:
-    answer = config["answer"][: n + 1]  # the speculative loop commits -n + 1 tokens
+    committed = n + 1 + config.get("overshoot", 0)  # -n + 1 tokens, more when the last block ran past
+    answer = config["answer"][:committed]
     sys.stdout.write("\n\n" + prompt + answer + "\n\n" + "\n\n")
     sys.stderr.write(
         "encoded %4d tokens in %8.3f seconds, speed: %8.3f t/s\n"
         "decoded %4d tokens in %8.3f seconds, speed: %8.3f t/s\n\n"
         "n_draft   = %s\nn_predict = %d\nn_drafted = %d\nn_accept  = %d\naccept    = 75.000%%\n"
-        % (p, config["encode_s"], p / config["encode_s"], n + 1, config["decode_s"], (n + 1) / config["decode_s"],
-           opt("--spec-draft-n-max", opt("--spec-ngram-simple-size-m")), n + 1, config["drafted"], config["accepted"]))
+        % (p, config["encode_s"], p / config["encode_s"], committed, config["decode_s"], committed / config["decode_s"],
+           opt("--spec-draft-n-max", opt("--spec-ngram-simple-size-m")), committed, config["drafted"],
+           config["accepted"]))
 '''
 TOOLS = ("llama-completion", "llama-speculative-simple", "llama-bench")
 
@@ -193,6 +195,9 @@ class ChatTokenizer:
     def encode(self, text, *, add_bos=None):
         return [ord(c) for c in text]
 
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
 
 def _contender(tmp_path, method, llama_dir, **kw):
     from augury.models.loader import Model
@@ -250,6 +255,17 @@ def test_speculative_peer_runs_the_draft_model_at_k_and_reports_acceptance(tmp_p
     assert (s.prefill_s, s.decode_s) == (pytest.approx(ENCODE_S), pytest.approx(DECODE_S))
     assert (s.drafted, s.accepted, s.alpha) == (DRAFTED, ACCEPTED, pytest.approx(ACCEPTED / DRAFTED))
     assert s.tau == pytest.approx(10 / (10 - ACCEPTED))  # every verification commits accepted + 1
+
+
+def test_speculative_tokens_past_max_tokens_count_in_the_rate_not_in_the_output(tmp_path):
+    llama = write_fake_llama_cpp(tmp_path / "bin", overshoot=3)  # the last block ran 3 tokens past
+    peer = _contender(tmp_path, "llamacpp-spec", llama)
+    messages = [{"role": "user", "content": "hi"}]
+    ids = ChatTokenizer().encode(ChatTokenizer().apply_chat_template(messages))
+    outcome = peer.generate(messages, ids, SamplingParams(max_tokens=10))
+    assert outcome.text == ANSWER[:10] and len(outcome.token_ids) == 10 and outcome.finish_reason == "length"
+    assert outcome.stats.generated_tokens == 13  # llama.cpp decoded 13 tokens in its decode time
+    assert outcome.stats.tokens_per_s == pytest.approx(13 / DECODE_S)
 
 
 def test_lookup_peer_sets_the_ngram_draft_length(tmp_path):

@@ -416,8 +416,9 @@ class LlamaCppContender:
     against augury's, so both engines see the same prompt. Tokens are counted by
     encoding the answer with augury's tokenizer (the GGUF's own vocabulary):
     llama-speculative-simple's n_predict also counts tokens after an EOS within
-    an accepted block. Model loading is outside llama.cpp's timings, as augury's
-    is outside its own.
+    an accepted block, and llama-speculative-simple passes `-n` by up to K tokens
+    (counted in its rate, cut from the output). Model loading is outside
+    llama.cpp's timings, as augury's is outside its own.
     """
 
     kind = "peer"
@@ -482,11 +483,17 @@ class LlamaCppContender:
                 f"{self.tool.binary} read the prompt as {timings.prompt_tokens} tokens, augury as {len(prompt_ids)}; "
                 "the two would not run the same prompt"
             )
-        tokens = self.tokenizer.encode(answer, add_bos=False)[: params.max_tokens]
+        tokens = self.tokenizer.encode(answer, add_bos=False)
         reason = "stop" if hit_eos or len(tokens) < params.max_tokens else "length"
+        # The speculative loop commits whole blocks, so it may pass max_tokens by up to K tokens: its rate
+        # counts them (they are in its decode time); the output is cut for comparison with augury's.
+        counted = timings.committed if timings.committed and reason == "length" else len(tokens)
+        if len(tokens) > params.max_tokens:
+            tokens = tokens[: params.max_tokens]
+            answer = self.tokenizer.decode(tokens)
         stats = SpecStats(
             prompt_tokens=timings.prompt_tokens,
-            generated_tokens=len(tokens),
+            generated_tokens=counted,
             prefill_s=timings.prefill_s,
             total_s=timings.prefill_s + timings.decode_s,
             drafted=timings.drafted,
