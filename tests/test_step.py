@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -13,9 +11,9 @@ from augury.errors import AuguryError
 from augury.proposers import build_proposer
 from augury.proposers.base import Draft, ProposerBase
 from augury.sampling import SamplingParams
-from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig
+from augury.scheduler import Scheduler, SchedulerConfig
 from tests.proposer_cases import PROPOSER_CASES, make_proposer
-from tests.tiny import tiny_model
+from tests.tiny import run_scheduler, tiny_model
 
 VOCAB = 24
 
@@ -82,34 +80,11 @@ def test_engine_hands_the_proposer_exactly_a_fresh_prefills_hidden_states(target
     assert len(steps) == result.stats.steps, "the proposer heard every step, drafted or not"
 
 
-def _run_scheduler(target, proposer, prompts, params, max_batch=4, k=3):
-    scheduler = Scheduler(target, proposer, SchedulerConfig(max_batch=max_batch, k=k, adaptive_k=False))
-    results, done = {}, threading.Semaphore(0)
-
-    def handler(i):
-        def on_event(event):
-            if isinstance(event, (Finished, Failed)):
-                results[i] = event
-                done.release()
-        return on_event
-
-    for i, prompt in enumerate(prompts):
-        scheduler.submit(prompt, params, handler(i))
-    scheduler.start()
-    try:
-        for _ in prompts:
-            assert done.acquire(timeout=120)
-    finally:
-        scheduler.stop()
-    failed = [r for r in results.values() if isinstance(r, Failed)]
-    assert not failed, failed
-    return [results[i].result for i in range(len(prompts))]
-
-
 def test_scheduler_hands_every_sequence_its_own_hidden_states_and_every_step(target):
     proposer = Listening()
     prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 8], [0, 5, 10, 15, 20, 5, 10, 3, 3, 3]]
-    results = _run_scheduler(target, proposer, prompts, SamplingParams(max_tokens=20))
+    scheduler = Scheduler(target, proposer, SchedulerConfig(max_batch=4, k=3, adaptive_k=False))
+    results = run_scheduler(scheduler, [(p, SamplingParams(max_tokens=20)) for p in prompts])
     by_prompt = {tuple(h[0].shape): sid for sid, h in proposer.hidden.items()}
     for prompt, result in zip(prompts, results):
         seq_id = by_prompt[(len(prompt), target.config.hidden_size)]
@@ -130,19 +105,9 @@ def test_batched_greedy_equals_plain_for_every_proposer_with_ragged_batches(case
     want = [Engine(target).generate(p, sp).token_ids for p, sp in zip(prompts, params)]
     proposer = make_proposer(case, target)
     scheduler = Scheduler(target, proposer, SchedulerConfig(max_batch=3, k=4, adaptive_k=False))
-    results, done = {}, threading.Semaphore(0)
-    for i, (prompt, sp) in enumerate(zip(prompts, params)):
-        scheduler.submit(prompt, sp, lambda e, i=i: isinstance(e, (Finished, Failed)) and (
-            results.__setitem__(i, e), done.release()))
-    scheduler.start()
-    try:
-        for _ in prompts:
-            assert done.acquire(timeout=120)
-    finally:
-        scheduler.stop()
+    results = run_scheduler(scheduler, list(zip(prompts, params)))
     for i in range(len(prompts)):
-        assert isinstance(results[i], Finished), results[i]
-        assert results[i].result.token_ids == want[i], f"{case.name}: request {i} differs from plain"
+        assert results[i].token_ids == want[i], f"{case.name}: request {i} differs from plain"
     assert scheduler.stats.drafted > 0, f"{case.name} never drafted: the check proved nothing"
 
 

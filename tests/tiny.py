@@ -153,3 +153,35 @@ def tiny_model(vocab: int = 8, seed: int = 0, dtype=torch.float32, eos_id: int |
 
     decoder = random_decoder(vocab=vocab, seed=seed, dtype=dtype, **kw)
     return Model(name=f"tiny-{seed}", decoder=decoder, tokenizer=CharTokenizer(vocab, eos_id), source=Path("."))
+
+
+def run_scheduler(scheduler, jobs: list[tuple[list[int], object]], timeout: float = 600.0) -> list:
+    """Submit (prompt ids, SamplingParams) jobs all at once, run the scheduler until each ends, stop it.
+
+    Returns each job's GenerationResult in order; fails the test if any request failed.
+    """
+    import threading
+
+    from augury.scheduler import Failed, Finished
+
+    ended: dict[int, object] = {}
+    done = threading.Semaphore(0)
+
+    def on_event(i: int):
+        def handle(event) -> None:
+            if isinstance(event, (Finished, Failed)):
+                ended[i] = event
+                done.release()
+        return handle
+
+    for i, (prompt, params) in enumerate(jobs):
+        scheduler.submit(prompt, params, on_event(i))
+    scheduler.start()
+    try:
+        for _ in jobs:
+            assert done.acquire(timeout=timeout), "the scheduler stopped answering"
+    finally:
+        scheduler.stop()
+    failed = [e for e in ended.values() if isinstance(e, Failed)]
+    assert not failed, f"{len(failed)} requests failed, e.g. {failed[0]}"
+    return [ended[i].result for i in range(len(jobs))]

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from augury.engine import Engine, GenerationResult
 from augury.models.loader import Model, load_model
 from augury.models.tokenizer import build_prompt_ids
-from augury.proposers import Proposer, build_proposer
+from augury.proposers import Proposer, build_proposer, check_options
 from augury.sampling import SamplingParams
 from augury.step import check_k
 
@@ -88,6 +88,7 @@ def load(
     `augury.proposers.options`), e.g. draft="qwen2.5-coder-0.5b-instruct" or
     ngram_max=3. An option the method does not read is an AuguryError.
     """
+    check_options(draft_method, options)  # a mistyped option fails before gigabytes load
     model = target if isinstance(target, Model) else load_model(
         target, dtype=dtype, device=device, offline=offline, exact=exact
     )

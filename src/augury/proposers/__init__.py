@@ -57,6 +57,16 @@ def check_method(method: str) -> str:
     return method
 
 
+def check_options(method: str, options: Mapping[str, object]) -> None:
+    """Refuse a method name or an option the method does not read, before anything is loaded."""
+    if check_method(method) == "plain":
+        extra = [k for k in options if k not in opts.LOAD_FIELDS]
+        if extra:
+            raise AuguryError(f"{', '.join(opts.flag(k) for k in extra)} is not an option of plain decoding")
+        return
+    opts.make_options(method, METHODS[method].options, dict(options))
+
+
 def build_proposer(
     method: str, target: Model, options: Mapping[str, object] | None = None, /, **kwargs: object
 ) -> Proposer | None:
@@ -67,10 +77,8 @@ def build_proposer(
     an option the method does not take is an AuguryError naming the method.
     """
     given = {**(options or {}), **kwargs}
-    if check_method(method) == "plain":
-        extra = [k for k in given if k not in opts.LOAD_FIELDS]
-        if extra:
-            raise AuguryError(f"{', '.join(opts.flag(k) for k in extra)} is not an option of plain decoding")
+    check_options(method, given)
+    if method == "plain":
         return None
     spec = METHODS[method]
     return spec.build(target, opts.make_options(method, spec.options, given))
