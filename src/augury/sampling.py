@@ -36,6 +36,8 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     seed: int | None = None
     ignore_eos: bool = False
+    min_tokens: int = 0  # end-of-sequence ids cannot be sampled before this many output tokens
+    eos_ids: frozenset[int] = frozenset()  # the ids min_tokens holds back (the tokenizer's; set by the caller)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -71,6 +73,8 @@ def validate(params: SamplingParams) -> None:
             raise AuguryError(f"{name} must be in [-2, 2], got {value}")
     if not isinstance(params.max_tokens, int) or not 0 < params.max_tokens <= MAX_TOKENS_LIMIT:
         raise AuguryError(f"max_tokens must be a positive integer, got {params.max_tokens}")
+    if not isinstance(params.min_tokens, int) or not 0 <= params.min_tokens <= params.max_tokens:
+        raise AuguryError(f"min_tokens must be an integer in [0, max_tokens], got {params.min_tokens}")
 
 
 def apply_penalties(
@@ -105,6 +109,21 @@ def apply_penalties(
     return logits
 
 
+def hold_back_eos(logits: Tensor, params: SamplingParams, position: int) -> Tensor:
+    """-inf at params.eos_ids in the rows before min_tokens. logits: [N, V]; row i is output position position + i.
+
+    Masking the logits, the one transform p_target and q_draft share, keeps
+    verification lossless: both sides sample the distribution without those ids.
+    """
+    early = min(params.min_tokens - position, logits.shape[0])
+    ids = [i for i in params.eos_ids if i < logits.shape[-1]]
+    if early <= 0 or not ids or len(set(ids)) >= logits.shape[-1]:  # (a vocabulary of only eos ids keeps them)
+        return logits
+    logits = logits.clone()
+    logits[:early, torch.tensor(ids, device=logits.device)] = float("-inf")
+    return logits
+
+
 def probabilities(
     logits: Tensor,
     params: SamplingParams,
@@ -115,17 +134,21 @@ def probabilities(
     """The distribution to sample from, per row. logits: [N, V] -> probs [N, V] (fp32).
 
     Greedy (temperature 0) gives a one-hot at the argmax, so verification can
-    treat greedy and sampled decoding with one rule.
+    treat greedy and sampled decoding with one rule. The rows are the last N
+    positions of output + drafted + one: the target's K + 1 rows after K
+    drafted tokens, or a drafter's one row after the tokens it drafted so far.
     """
+    position = len(output or []) + max(0, len(drafted or []) - logits.shape[0] + 1)  # output position of row 0
     logits = apply_penalties(logits.float(), params, prompt or [], output or [], drafted or [])
     if params.greedy:
+        logits = hold_back_eos(logits, params, position)
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     # Extreme but valid settings (a temperature of 1e-40, a repetition penalty of
     # 1e-30) overflow to inf, and inf - inf is NaN. Clamped to finite values and
     # shifted so the largest is 0, every logit divides to 0 or below: the
     # softmax stays a distribution (tending to argmax as the temperature -> 0).
     info = torch.finfo(logits.dtype)
-    logits = logits.clamp(-info.max, info.max)
+    logits = hold_back_eos(logits.clamp(-info.max, info.max), params, position)  # after the clamp: stays -inf
     temperature = max(params.temperature, info.tiny)  # below that it rounds to 0 in fp32, and 0 / 0 is NaN
     logits = (logits - logits.max(-1, keepdim=True).values) / temperature
     if params.top_k and params.top_k < logits.shape[-1]:
@@ -136,6 +159,7 @@ def probabilities(
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         before = sorted_probs.cumsum(-1) - sorted_probs
         drop_sorted = before >= params.top_p  # keep the smallest prefix whose mass reaches top_p
+        drop_sorted[..., 0] = False  # the top token always survives, even a top_p that is 0 in fp32 (1e-300)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
     if params.min_p > 0.0:
