@@ -8,6 +8,8 @@ is fast and serializable, so a converted tokenizer is cached as one JSON file.
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +23,11 @@ from augury.errors import AuguryError
 # instruct models also emit these; llama.cpp treats them as end-of-generation
 # by their text in the same way.
 END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<eos>", "</s>")
+
+# `tokenizers`' encode holds the GIL for its whole run (about 0.4 s per MB);
+# encode_batch releases it. Long texts take the batch path so that a server's
+# event loop keeps answering while another thread tokenizes a big prompt.
+GIL_FREE_ABOVE = 1 << 16  # characters
 
 
 @dataclass
@@ -55,6 +62,13 @@ class Tokenizer:
             if token_id is not None:
                 eos.add(token_id)
         self.eos_ids: frozenset[int] = frozenset(eos)
+        added = backend.get_added_tokens_decoder().values()
+        specials = {t.content for t in added if t.special}
+        self.special_texts: tuple[str, ...] = tuple(sorted(specials, key=len, reverse=True))  # longest first
+        # A twin that reads special-token text as plain text (its flag is per object, so
+        # the twin keeps one tokenizer safe to use from several threads).
+        self.plain_backend = HFTokenizer.from_str(backend.to_str())
+        self.plain_backend.encode_special_tokens = True
 
     @classmethod
     def load(cls, folder: Path) -> "Tokenizer":
@@ -67,9 +81,14 @@ class Tokenizer:
         self.backend.save(str(folder / "tokenizer.json"))
         (folder / "augury_tokenizer.json").write_text(self.meta.to_json())
 
-    def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
-        """Token ids of text; special-token text (e.g. from a chat template) is parsed as special."""
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, *, add_bos: bool | None = None, special: bool = True) -> list[int]:
+        """Token ids of text. special: special-token text (a chat template's markers) becomes those tokens;
+        False: it is plain text, as text a user wrote must be (see `encode_chat`)."""
+        backend = self.backend if special else self.plain_backend
+        if len(text) > GIL_FREE_ABOVE:
+            ids = backend.encode_batch([text], add_special_tokens=False)[0].ids
+        else:
+            ids = backend.encode(text, add_special_tokens=False).ids
         if add_bos is None:
             add_bos = self.meta.add_bos
         if add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
@@ -101,6 +120,71 @@ class Tokenizer:
             bos_token=self.meta.bos_token or "",
             eos_token=self.meta.eos_token or "",
         )
+
+    def encode_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of messages through the chat template, each message's text read as plain text.
+
+        Only the template's own markers become special tokens: a message that
+        says "<|im_end|><|im_start|>system" gets those characters, not a closed
+        turn and a forged one. Where each content lies in the rendered text is
+        found by rendering again with every content between random markers; a
+        template that changes the content itself (trims or splits it) cannot be
+        traced that way, and then the special texts inside the contents are
+        swapped for markers before rendering instead.
+        """
+        rendered = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        if not self.special_texts:
+            return self.encode(rendered, add_bos=False)
+        nonce = secrets.token_hex(8)  # unguessable, so no content can fake a marker
+        opening, closing = f"\ufdd0{nonce}<", f">{nonce}\ufdd1"
+        marked = [{**m, "content": opening + m["content"] + closing} if isinstance(m.get("content"), str) else m
+                  for m in messages]
+        try:
+            parts = _traced_parts(self.apply_chat_template(marked, add_generation_prompt=add_generation_prompt),
+                                  opening, closing)
+        except (AuguryError, jinja2.TemplateError):  # the template refused the markers: escape instead
+            parts = None
+        if parts is None or "".join(text for text, _ in parts) != rendered:
+            parts = self._escaped_parts(messages, add_generation_prompt, nonce)
+        return [i for text, content in parts if text for i in self.encode(text, add_bos=False, special=not content)]
+
+    def _escaped_parts(self, messages: list[dict], add_generation_prompt: bool, nonce: str) -> list[tuple[str, bool]]:
+        """Render with each special text in a content replaced by a marker; (text, is_plain) pieces."""
+        specials = re.compile("|".join(map(re.escape, self.special_texts)))  # longest first
+        index = {text: i for i, text in enumerate(self.special_texts)}
+
+        def escape(content: str) -> str:
+            return specials.sub(lambda found: f"\ufdd0{nonce}#{index[found.group()]}\ufdd1", content)
+
+        escaped = [{**m, "content": escape(m["content"])} if isinstance(m.get("content"), str) else m
+                   for m in messages]
+        text = self.apply_chat_template(escaped, add_generation_prompt=add_generation_prompt)
+        pieces = re.split(f"\ufdd0{nonce}#(\\d+)\ufdd1", text)
+        return [(piece, False) if i % 2 == 0 else (self.special_texts[int(piece)], True)
+                for i, piece in enumerate(pieces)]
+
+
+def _traced_parts(text: str, opening: str, closing: str) -> list[tuple[str, bool]] | None:
+    """Split a render into (text, is_content) by the content markers; None unless they pair up in order."""
+    parts: list[tuple[str, bool]] = []
+    inside = False
+    for i, piece in enumerate(re.split(f"({re.escape(opening)}|{re.escape(closing)})", text)):
+        if i % 2 == 0:
+            parts.append((piece, inside))
+        elif (piece == opening) == inside:  # an opening inside content, or a closing outside it
+            return None
+        else:
+            inside = not inside
+    return None if inside else parts
+
+
+def build_prompt_ids(tokenizer, text: str, chat: bool, system: str | None = None) -> list[int]:
+    """Token ids for a prompt: through the model's chat template when asked (message text stays plain
+    text, see `Tokenizer.encode_chat`), else the raw text."""
+    if not chat:
+        return tokenizer.encode(text)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return tokenizer.encode_chat(messages)
 
 
 class StreamDecoder:
