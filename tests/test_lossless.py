@@ -1,219 +1,363 @@
-"""Losslessness of verification, exactly and statistically.
+"""Losslessness batteries: every drafter in tests/proposer_cases.py, every kind of sampling control.
 
-1. Exact: with a vocabulary of 6 and K in {1, 2, 3}, enumerate every draft and
-   every accept/reject branch of one speculative step (using the verifier's own
-   accept_probability and recovered_distribution) and show that the first
-   committed token, and the first two, are distributed exactly as p_target:
-   for sampled and deterministic drafts, with temperature, top-k and top-p.
-2. Statistical: whole 3-token continuations sampled by the engine with each
-   proposer against the exact distribution of plain sampling (enumerated from
-   the same tiny target), chi-square with a fixed seed.
+The exact enumeration of every branch through the real verifier lives in
+tests/test_exact.py. Here:
+1. Greedy: speculative output equals plain greedy output token for token,
+   with and without penalties, and the drafter must actually have drafted (a
+   drafter that never drafts would pass vacuously; a test shows it fails).
+2. Every drafter samples its drafted tokens from exactly the q_draft it
+   reports: the same values, dtype and vocabulary transform, on the request's
+   generator. A drafter that samples a bf16 softmax and reports an fp32 one
+   biases the output by their difference; a deterministic drafter (q_draft
+   None) must draw no random numbers at all.
+3. Statistical: whole 4-token continuations sampled with each drafter (through
+   the engine, and through the scheduler's batched steps with several requests
+   sharing each step) against the exact distribution of plain sampling,
+   enumerated from the same tiny target; seeded chi-square. Each run prints the
+   test's power against any output distribution at a stated total-variation
+   distance from p_target, and a fast test checks the sample counts give it.
+4. Ties at the top-p cut are kept, whatever the vocabulary size or row count.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
+import threading
 from collections import Counter
 
 import pytest
 import torch
 
-from augury.engine import Engine
+from augury.engine import Engine, GenerationResult
+from augury.proposers.base import Draft, ProposerBase, Sequence, propose_batch
 from augury.sampling import SamplingParams, probabilities
-from augury.verify import accept_probability, recovered_distribution
-from tests.proposer_cases import PROPOSER_CASES, make_proposer
+from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig
+from tests.proposer_cases import PROPOSER_CASES, ProposerCase, make_proposer
 from tests.tiny import tiny_model
 
-VOCAB = 6
+CASE_IDS = [case.name for case in PROPOSER_CASES]
 
+# -- 1. greedy equivalence, with penalties, and a drafted > 0 guard ------------------------
 
-def table_logits(seed: int, context: tuple[int, ...]) -> torch.Tensor:
-    """A fixed random 'model': logits [V] as a function of the whole context."""
-    gen = torch.Generator().manual_seed(hash((seed, context)) % (2**31))
-    return torch.randn(VOCAB, generator=gen) * 1.5
-
-
-PARAMS = {
-    "t1": SamplingParams(temperature=1.0),
-    "t0.7-topk3": SamplingParams(temperature=0.7, top_k=3),
-    "t1.3-topp0.8": SamplingParams(temperature=1.3, top_p=0.8),
-    "t0.9-minp0.1-topk4": SamplingParams(temperature=0.9, min_p=0.1, top_k=4),
-    "greedy": SamplingParams(temperature=0.0),
+GREEDY_VOCAB = 24
+GREEDY_PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 8, 9, 10, 11, 7, 7, 8]]
+GREEDY_PARAMS = {
+    "greedy": SamplingParams(max_tokens=32),
+    # penalties change the argmax, row by row from each drafted position's history
+    "greedy-penalties": SamplingParams(
+        max_tokens=32, repetition_penalty=1.4, presence_penalty=0.5, frequency_penalty=0.4
+    ),
 }
 
 
-def p_target(context, params):
-    return probabilities(table_logits(1, context)[None], params)[0].double()
+@pytest.fixture(scope="module")
+def greedy_target():
+    return tiny_model(vocab=GREEDY_VOCAB, seed=3, hidden=32, layers=3)
 
 
-def q_draft(context, params):
-    return probabilities(table_logits(2, context)[None], params)[0].double()
+def check_greedy_equivalence(target, proposer, params: SamplingParams, k: int, label: str) -> None:
+    """Speculative greedy output equals plain greedy output on every prompt, and something was drafted."""
+    drafted = 0
+    for prompt in GREEDY_PROMPTS:
+        plain = Engine(target).generate(prompt, params)
+        spec = Engine(target, proposer, k=k).generate(prompt, params)
+        assert spec.token_ids == plain.token_ids, f"{label}: speculative greedy output differs from plain"
+        drafted += spec.stats.drafted
+    assert drafted > 0, f"{label}: the proposer never drafted, so greedy equivalence held vacuously"
 
 
-def step_outcomes(context, k, params, deterministic):
-    """Exact distribution over what one speculative step commits: {tokens: probability}."""
-    outcomes: Counter = Counter()
-
-    def walk(prefix, weight):
-        i = len(prefix)
-        ctx = context + tuple(prefix)
-        target = p_target(ctx, params)
-        if i == k:
-            for y in range(VOCAB):
-                outcomes[tuple(prefix) + (y,)] += weight * float(target[y])
-            return
-        draft = q_draft(ctx, params)
-        if deterministic:
-            choices = [(int(draft.argmax()), 1.0, None)]
-        else:
-            choices = [(x, float(draft[x]), draft) for x in range(VOCAB) if draft[x] > 0]
-        for x, q_x, q_row in choices:
-            accept = accept_probability(target, q_row, x)
-            if accept > 0:
-                walk(prefix + [x], weight * q_x * accept)
-            if accept < 1:
-                residual = recovered_distribution(target, q_row, x)
-                for y in range(VOCAB):
-                    outcomes[tuple(prefix) + (y,)] += weight * q_x * (1 - accept) * float(residual[y])
-
-    walk([], 1.0)
-    return outcomes
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("params_name", list(GREEDY_PARAMS))
+@pytest.mark.parametrize("case", PROPOSER_CASES, ids=CASE_IDS)
+def test_greedy_speculative_equals_plain(case, params_name, k, greedy_target):
+    proposer = make_proposer(case, greedy_target)
+    check_greedy_equivalence(greedy_target, proposer, GREEDY_PARAMS[params_name], k, f"{case.name} {params_name} K={k}")
 
 
-def committed_distribution(context, k, params, deterministic, length):
-    """Distribution of the first `length` committed tokens, running steps until enough are committed."""
-    dist: Counter = Counter()
-    for tokens, prob in step_outcomes(context, k, params, deterministic).items():
-        if len(tokens) >= length:
-            dist[tokens[:length]] += prob
-        else:
-            rest = committed_distribution(context + tokens, k, params, deterministic, length - len(tokens))
-            for more, prob2 in rest.items():
-                dist[tokens + more] += prob * prob2
-    return dist
+class NeverDrafts(ProposerBase):
+    name = "never"
+
+    def propose(self, seq: Sequence, k: int) -> Draft:
+        return Draft([])
 
 
-def plain_distribution(context, params, length):
-    dist: Counter = Counter({(): 1.0})
-    for _ in range(length):
-        nxt: Counter = Counter()
-        for tokens, prob in dist.items():
-            target = p_target(context + tokens, params)
-            for y in range(VOCAB):
-                if target[y] > 0:
-                    nxt[tokens + (y,)] += prob * float(target[y])
-        dist = nxt
-    return dist
+def test_greedy_battery_fails_for_a_proposer_that_never_drafts(greedy_target):
+    with pytest.raises(AssertionError, match="never drafted"):
+        check_greedy_equivalence(greedy_target, NeverDrafts(), GREEDY_PARAMS["greedy"], 4, "never")
 
 
-@pytest.mark.parametrize("params_name", list(PARAMS))
-@pytest.mark.parametrize("deterministic", [False, True], ids=["sampled-draft", "deterministic-draft"])
-@pytest.mark.parametrize("k", [1, 2, 3])
-def test_exact_first_tokens_follow_p_target(k, deterministic, params_name):
-    params = PARAMS[params_name]
-    context = (3, 1)
-    for length in (1, 2):
-        spec = committed_distribution(context, k, params, deterministic, length)
-        plain = plain_distribution(context, params, length)
-        assert abs(sum(spec.values()) - 1.0) < 1e-6, "speculative outcome probabilities do not sum to 1"
-        worst = max(abs(spec.get(t, 0.0) - plain.get(t, 0.0)) for t in set(spec) | set(plain))
-        assert worst < 1e-6, f"first {length} token(s) differ from p_target by {worst:.2e} (K={k})"
+# -- 2. drafted tokens are sampled from exactly the reported q_draft ---------------------------
 
 
-def test_exact_check_detects_a_wrong_verifier(monkeypatch):
-    """The enumeration must be able to fail: accepting with p/q uncapped at 1 breaks losslessness."""
-    import tests.test_lossless as mod
+class DraftRecorder:
+    """Wraps a proposer: records every draft, and the torch.multinomial draws on its sequence's generator meanwhile."""
 
-    def broken(target, q_row, x):
-        return float(target[x]) if q_row is None else min(1.0, float(target[x] / q_row[x]) ** 0.5)
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.records: list[tuple[Draft, list[tuple[torch.Tensor, int]], bool]] = []  # (draft, draws, state moved)
+        self.draws: list[tuple[torch.Tensor, torch.Generator | None, torch.Tensor]] | None = None
+        if hasattr(inner, "propose_batch"):  # keep the drafter's batched path (the drivers look for it)
+            self.propose_batch = self._record_batch
 
-    monkeypatch.setattr(mod, "accept_probability", broken)
-    spec = committed_distribution((3, 1), 2, PARAMS["t1"], False, 1)
-    plain = plain_distribution((3, 1), PARAMS["t1"], 1)
-    assert max(abs(spec[t] - plain[t]) for t in plain) > 1e-3
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, seq: Sequence, k: int) -> Draft:
+        return self._record([seq], lambda: [self.inner.propose(seq, k)])[0]
+
+    def _record_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        return self._record(seqs, lambda: propose_batch(self.inner, seqs, ks))
+
+    def _record(self, seqs: list[Sequence], run) -> list[Draft]:
+        states = [seq.generator.get_state() for seq in seqs]
+        self.draws = []
+        try:
+            drafts = run()
+        finally:
+            draws, self.draws = self.draws, None
+        for seq, state, draft in zip(seqs, states, drafts):
+            mine = [(probs, int(out.reshape(-1)[0])) for probs, gen, out in draws if gen is seq.generator]
+            self.records.append((draft, mine, not torch.equal(state, seq.generator.get_state())))
+        return drafts
 
 
-# -- statistical: the engine with each proposer ---------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", PROPOSER_CASES, ids=CASE_IDS)
+def test_drafters_sample_from_the_q_draft_they_report(case, dtype, monkeypatch):
+    vocab = 12
+    target = tiny_model(vocab=vocab, seed=5, hidden=32, layers=2, dtype=dtype)
+    recorder = DraftRecorder(make_proposer(case, target, seed=6))
+    real_multinomial = torch.multinomial
 
-# The draft-model proposer (the speculative core) gets 100k samples; every other
-# drafter gets 20k, which keeps the suite within its time budget on 2 cores
-# while still detecting a bias of a few percent in any cell.
-CORE_SAMPLES = int(os.environ.get("AUGURY_CHI_SAMPLES", 100_000))
-OTHER_SAMPLES = int(os.environ.get("AUGURY_CHI_SAMPLES", 20_000))
-CONTINUATION = 3
-P_THRESHOLD = 1e-3
+    def spy(probs, num_samples, *args, generator=None, **kwargs):
+        out = real_multinomial(probs, num_samples, *args, generator=generator, **kwargs)
+        if recorder.draws is not None:
+            recorder.draws.append((probs.detach().clone(), generator, out))
+        return out
+
+    monkeypatch.setattr(torch, "multinomial", spy)
+    engine = Engine(target, recorder, k=3)
+    params = dict(temperature=0.9, top_k=8, top_p=0.95, repetition_penalty=1.2, frequency_penalty=0.3, max_tokens=20)
+    for seed in range(6):
+        engine.generate([1, 2, 3, 4, 1, 2, 3][: 4 + seed % 4], SamplingParams(**params, seed=seed))
+    assert sum(len(draft) for draft, _, _ in recorder.records) > 0, f"{case.name} never drafted"
+    for draft, draws, moved in recorder.records:
+        if draft.q_draft is None:
+            assert not draws and not moved, (
+                f"{case.name} reported a deterministic draft (q_draft None) but drew random numbers for it")
+            continue
+        q_draft = draft.q_draft
+        assert q_draft.shape == (len(draft), vocab), f"{case.name}: q_draft {tuple(q_draft.shape)} for {len(draft)} tokens"
+        assert len(draws) == len(draft), (
+            f"{case.name}: {len(draws)} draws with torch.multinomial on the request's generator for "
+            f"{len(draft)} drafted tokens: each drafted token must be sampled from its reported q_draft row")
+        for i, ((probs, token), drafted) in enumerate(zip(draws, draft.tokens)):
+            row = probs.reshape(-1)
+            assert token == drafted, f"{case.name}: position {i} drafted {drafted} but sampled {token}"
+            assert row.dtype == q_draft.dtype, f"{case.name}: sampled a {row.dtype} row, reported {q_draft.dtype}"
+            width = row.numel()
+            assert torch.equal(row, q_draft[i, :width]) and not q_draft[i, width:].any(), (
+                f"{case.name}: position {i} was sampled from other probabilities than the q_draft reported "
+                f"(largest difference {float((row - q_draft[i, :width]).abs().max()):.3e})")
+
+
+# -- 3. statistical: the engine and the scheduler against plain sampling ---------------------
+
+CHI_VOCAB = 4
+CONTINUATION = 4  # after the prefill's token, up to K = 2 drafted tokens per step
+K = 2
 PROMPT = [1, 2, 3, 1, 2]
+P_THRESHOLD = 1e-3
+STATED_TV = 0.03  # every run reports its power against any output distribution this far from p_target
+MIN_POWER = 0.9
+CHI_PARAMS = {
+    "t0.9-topk3": dict(temperature=0.9, top_k=3),
+    "t1.2-topp0.95-penalties": dict(
+        temperature=1.2, top_p=0.95, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.3
+    ),
+}
+SCHEDULER_CASES = ["model", "hybrid", "quantized"]  # batched drafting, a mix of matcher and model, a self-drafter
 
 
-def exact_continuations(model, params, prompt, length):
-    """P(each length-token continuation) under plain sampling from the tiny target, by enumeration."""
-    from augury.models.decoder import Decoder  # noqa: F401  (documentation of what is enumerated)
+def sample_count(case_name: str) -> int:
+    """100k samples for the model drafter (the speculative core), 20k for the others (power printed)."""
+    default = 100_000 if case_name == "model" else 20_000
+    return int(os.environ.get("AUGURY_CHI_SAMPLES", default))
 
+
+@functools.cache
+def chi_target():
+    return tiny_model(vocab=CHI_VOCAB, seed=10, hidden=16, layers=3)
+
+
+@functools.cache
+def exact_continuations(setting: str) -> dict[tuple[int, ...], float]:
+    """P(each CONTINUATION-token output) under plain sampling from the tiny target, by enumeration."""
+    model, params = chi_target(), SamplingParams(**CHI_PARAMS[setting])
     probs = {}
-    vocab = model.config.vocab_size
-    for tokens in itertools.product(range(vocab), repeat=length):
-        prob = 1.0
-        context = list(prompt)
-        output: list[int] = []
+    for tokens in itertools.product(range(CHI_VOCAB), repeat=CONTINUATION):
+        prob, context, output = 1.0, list(PROMPT), []
         for token in tokens:
             cache = model.decoder.new_cache(1, 64)
             logits = model.decoder.forward(torch.tensor([context]), cache, logits_rows=slice(-1, None))[0]
-            dist = probabilities(logits, params, prompt, output)[0]
-            prob *= float(dist[token])
-            context.append(token)
-            output.append(token)
+            prob *= float(probabilities(logits, params, PROMPT, output)[0, token])
             if prob == 0.0:
                 break
+            context.append(token)
+            output.append(token)
         probs[tokens] = prob
     return probs
 
 
-def chi_square_p_value(counts: Counter, expected_probs: dict, n: int) -> tuple[float, int]:
-    """Goodness of fit; cells with expected count < 5 are pooled into one."""
+def chi_cells(expected: dict, n: int) -> list[list[tuple[int, ...]]]:
+    """The test's cells: every output expected at least 5 times, the rest pooled into one."""
+    big = [[cell] for cell, prob in expected.items() if prob * n >= 5]
+    small = [cell for cell, prob in expected.items() if prob * n < 5]
+    return big + ([small] if small else [])
+
+
+def worst_case_power(n: int, cells: int, tv: float = STATED_TV, alpha: float = P_THRESHOLD) -> float:
+    """The chi-square test's power against ANY output distribution at total variation `tv` (over its cells).
+
+    Under an alternative p1 Pearson's statistic is about noncentral chi-square
+    with lambda = n * sum (p1 - p0)^2 / p0, and by Cauchy-Schwarz
+    sum d^2 / p0 >= (sum |d|)^2 = (2 tv)^2: no alternative at that distance
+    hides better than lambda = 4 n tv^2.
+    """
+    from scipy.stats import chi2, ncx2
+
+    df = cells - 1
+    return float(ncx2.sf(chi2.isf(alpha, df), df, 4 * n * tv * tv))
+
+
+def check_against_plain(label: str, results: list[GenerationResult], setting: str) -> None:
+    """Chi-square of the sampled continuations against plain sampling; guards that speculation happened."""
     from scipy.stats import chisquare
 
-    observed, expected = [], []
-    pooled_obs, pooled_exp = 0, 0.0
-    for cell, prob in expected_probs.items():
-        if prob * n >= 5:
-            observed.append(counts.get(cell, 0))
-            expected.append(prob * n)
-        else:
-            pooled_obs += counts.get(cell, 0)
-            pooled_exp += prob * n
-    outside = n - sum(counts.get(cell, 0) for cell in expected_probs)
-    assert outside == 0, f"{outside} samples fell outside the support of p_target"
-    if pooled_exp > 0:
-        observed.append(pooled_obs)
-        expected.append(pooled_exp)
-    total = sum(expected)
-    expected = [e * sum(observed) / total for e in expected]
-    return float(chisquare(observed, expected).pvalue), len(observed)
+    n = len(results)
+    expected = exact_continuations(setting)
+    counts = Counter(tuple(r.token_ids) for r in results)
+    outside = [tokens for tokens in counts if expected.get(tokens, 0.0) == 0.0]
+    assert not outside, f"{label}: outputs {outside[:3]} have probability 0 under p_target"
+    cells = chi_cells(expected, n)
+    observed = [sum(counts.get(t, 0) for t in cell) for cell in cells]
+    want = [n * sum(expected[t] for t in cell) for cell in cells]
+    want = [w * n / sum(want) for w in want]
+    p_value = float(chisquare(observed, want).pvalue)
+    drafted = sum(r.stats.drafted for r in results)
+    accepted = sum(r.stats.accepted for r in results)
+    power = worst_case_power(n, len(cells))
+    print(f"{label}: chi-square p = {p_value:.3g} over {len(cells)} cells and {n} samples; "
+          f"power {power:.3f} against any distribution at TV >= {STATED_TV}; acceptance {accepted}/{drafted}")
+    assert drafted > n // 2, f"{label}: the proposer drafted only {drafted} tokens; the test would be vacuous"
+    assert 0 < accepted < drafted, f"{label}: accepted {accepted} of {drafted}: both branches must be exercised"
+    assert p_value > P_THRESHOLD, (
+        f"{label}: speculative {CONTINUATION}-token continuations differ from plain sampling: chi-square p = "
+        f"{p_value:.2e} over {len(cells)} cells and {n} samples (threshold {P_THRESHOLD})"
+    )
+
+
+def seeded_params(setting: str, n: int) -> list[SamplingParams]:
+    seeds = torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(1234)).tolist()
+    return [SamplingParams(**CHI_PARAMS[setting], max_tokens=CONTINUATION, seed=seed) for seed in seeds]
+
+
+def scheduler_results(target, proposer, prompt: list[int], params: list[SamplingParams], k: int,
+                      max_batch: int = 8) -> tuple[list[GenerationResult], Scheduler]:
+    """Every request through one Scheduler, all queued before it starts, so that up to max_batch share each step."""
+    scheduler = Scheduler(target, proposer, SchedulerConfig(
+        max_batch=max_batch, max_queue=len(params), k=k, kv_budget_tokens=max_batch * 64))
+    results: list[GenerationResult | None] = [None] * len(params)
+    failures: list[Failed] = []
+    done = threading.Semaphore(0)
+
+    def on_event(i: int):
+        def handle(event) -> None:
+            if isinstance(event, Finished):
+                results[i] = event.result
+            if isinstance(event, Failed):
+                failures.append(event)
+            if isinstance(event, (Finished, Failed)):
+                done.release()
+        return handle
+
+    for i, p in enumerate(params):
+        scheduler.submit(prompt, p, on_event(i))
+    scheduler.start()
+    try:
+        for _ in params:
+            assert done.acquire(timeout=600), "the scheduler stopped answering"
+    finally:
+        scheduler.stop()
+    assert not failures, f"{len(failures)} requests failed, e.g. {failures[0]}"
+    return results, scheduler
+
+
+@pytest.mark.parametrize("setting", list(CHI_PARAMS))
+def test_sample_counts_have_the_stated_power(setting):
+    for case in PROPOSER_CASES:
+        n = sample_count(case.name)
+        power = worst_case_power(n, len(chi_cells(exact_continuations(setting), n)))
+        assert power >= MIN_POWER, (
+            f"{case.name}/{setting}: {n} samples detect a TV of {STATED_TV} with power {power:.3f} < {MIN_POWER}")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", PROPOSER_CASES, ids=[c.name for c in PROPOSER_CASES])
-def test_engine_samples_match_plain_sampling(case):
-    samples = CORE_SAMPLES if case.name == "model" else OTHER_SAMPLES
-    vocab = 4
-    target = tiny_model(vocab=vocab, seed=10, hidden=16, layers=3)
-    params_base = dict(temperature=0.9, top_k=3, max_tokens=CONTINUATION)
-    expected = exact_continuations(target, SamplingParams(**params_base), PROMPT, CONTINUATION)
-    engine = Engine(target, make_proposer(case, target, seed=11), k=2)
-    counts: Counter = Counter()
-    gen = torch.Generator().manual_seed(1234)
-    seeds = torch.randint(0, 2**62, (samples,), generator=gen).tolist()
-    drafted = accepted = 0
-    for seed in seeds:
-        result = engine.generate(PROMPT, SamplingParams(**params_base, seed=seed))
-        counts[tuple(result.token_ids)] += 1
-        drafted += result.stats.drafted
-        accepted += result.stats.accepted
-    p_value, cells = chi_square_p_value(counts, expected, samples)
-    assert drafted > samples // 2, f"{case.name}: the proposer drafted only {drafted} tokens; the test would be vacuous"
-    assert 0 < accepted < drafted, f"{case.name}: accepted {accepted} of {drafted}: both branches must be exercised"
-    assert p_value > P_THRESHOLD, (
-        f"{case.name}: speculative 3-token continuations differ from plain sampling: chi-square p = {p_value:.2e} "
-        f"over {cells} cells and {samples} samples (threshold {P_THRESHOLD})"
-    )
+@pytest.mark.parametrize("setting", list(CHI_PARAMS))
+@pytest.mark.parametrize("case", PROPOSER_CASES, ids=CASE_IDS)
+def test_engine_samples_match_plain_sampling(case, setting):
+    target = chi_target()
+    engine = Engine(target, make_proposer(case, target, seed=11), k=K)
+    results = [engine.generate(PROMPT, params) for params in seeded_params(setting, sample_count(case.name))]
+    check_against_plain(f"{case.name}/{setting}/engine", results, setting)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case_name", SCHEDULER_CASES)
+def test_scheduler_batched_samples_match_plain_sampling(case_name):
+    setting = "t1.2-topp0.95-penalties"
+    case: ProposerCase = next(c for c in PROPOSER_CASES if c.name == case_name)
+    target = chi_target()
+    params = seeded_params(setting, min(sample_count(case_name), 20_000))
+    results, scheduler = scheduler_results(target, make_proposer(case, target, seed=11), PROMPT, params, K)
+    stats = scheduler.stats
+    assert stats.sequence_steps >= 2 * stats.steps, (
+        f"{case_name}: {stats.sequence_steps} sequence steps in {stats.steps} batched steps: requests did not share steps")
+    check_against_plain(f"{case_name}/{setting}/scheduler", results, setting)
+
+
+# -- 4. ties at the top-p cut -------------------------------------------------------------------
+
+
+def test_top_p_keeps_every_token_tied_at_the_cut():
+    # p = [0.447, 0.164, 0.164, 0.164, 0.060]: a mass of 0.55 needs the top token and one of three equals
+    probs = probabilities(torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0]]), SamplingParams(temperature=1.0, top_p=0.55))[0]
+    assert (probs[:4] > 0).all() and probs[4] == 0, f"kept {probs.tolist()}"
+    assert probs[1] == probs[2] == probs[3]
+
+
+@pytest.mark.parametrize("vocab", [16, 1000, 152_064])
+def test_top_p_cut_depends_on_values_only(vocab):
+    """The nucleus is the same set of tokens for any vocabulary size, row count, position in the batch and token order."""
+    gen = torch.Generator().manual_seed(vocab)
+    ids = torch.randperm(vocab, generator=gen)
+    tied = max(4, vocab // 8)
+    logits = torch.full((vocab,), -8.0)
+    logits[ids[:3]] = 2.0
+    logits[ids[3 : 3 + tied]] = 1.0  # one big group of equal probability, cut in the middle by top_p
+    mass = torch.softmax(logits, -1)
+    top_p = float(mass[ids[0]] * 3 + mass[ids[3]] * (tied // 2 + 0.5))
+    params = SamplingParams(temperature=1.0, top_p=top_p)
+    alone = probabilities(logits[None], params)[0]
+    assert torch.equal(alone > 0, logits >= 1.0), "the nucleus must hold the top group and every tied token"
+    for rows in (3, 17):
+        batch = torch.randn(rows, vocab, generator=gen)
+        at = rows // 2
+        batch[at] = logits
+        assert torch.equal(probabilities(batch, params)[at], alone), f"row {at} of {rows} differs from the row alone"
+    perm = torch.randperm(vocab, generator=gen)
+    renumbered = probabilities(logits[perm][None], params)[0]  # sums in another order: equal up to rounding
+    assert torch.equal(renumbered > 0, alone[perm] > 0), "renumbering the tokens moved the cut"
+    torch.testing.assert_close(renumbered, alone[perm])

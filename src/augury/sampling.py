@@ -137,6 +137,13 @@ def probabilities(
     treat greedy and sampled decoding with one rule. The rows are the last N
     positions of output + drafted + one: the target's K + 1 rows after K
     drafted tokens, or a drafter's one row after the tokens it drafted so far.
+
+    Ties at a cut are kept: top-k keeps every token whose logit equals the
+    k-th largest, top-p every token whose probability equals that of the last
+    token of the nucleus, min-p every token at exactly min_p times the top. So
+    the kept set depends on the values alone, never on token ids or on the
+    order a sort happens to leave equal values in: the same for any row count
+    and any vocabulary size (a token of equal probability, wherever it sits).
     """
     position = len(output or []) + max(0, len(drafted or []) - logits.shape[0] + 1)  # output position of row 0
     logits = apply_penalties(logits.float(), params, prompt or [], output or [], drafted or [])
@@ -156,12 +163,16 @@ def probabilities(
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        before = sorted_probs.cumsum(-1) - sorted_probs
-        drop_sorted = before >= params.top_p  # keep the smallest prefix whose mass reaches top_p
-        drop_sorted[..., 0] = False  # the top token always survives, even a top_p that is 0 in fp32 (1e-300)
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
+        # The smallest prefix (by probability) whose mass reaches top_p, then every
+        # token tied with its last one: which of several equal tokens a sort puts
+        # first varies with the vocabulary size and the row count, so the cut is
+        # drawn by value, and tokens of equal probability are all kept or all dropped.
+        sorted_probs = probs.sort(dim=-1, descending=True).values
+        before = sorted_probs.cumsum(-1) - sorted_probs  # the same whatever order ties are in
+        # At least the top token survives, even a top_p that is 0 in fp32 (1e-300).
+        kept = (before < params.top_p).sum(-1, keepdim=True).clamp_min(1)
+        boundary = sorted_probs.gather(-1, kept - 1)  # [N, 1] the last kept probability
+        probs = probs.masked_fill(probs < boundary, 0.0)
     if params.min_p > 0.0:
         probs = probs.masked_fill(probs < params.min_p * probs.max(-1, keepdim=True).values, 0.0)
     return probs / probs.sum(-1, keepdim=True)
