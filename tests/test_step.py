@@ -222,3 +222,38 @@ def test_calibration_is_cached_with_the_model_and_measured_again_on_another_mach
     assert len(calls) == 1
     load_or_calibrate(path, "machine-b", measure)
     assert len(calls) == 2
+
+
+# -- logprobs and min_tokens through the step ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_logprobs_with_speculation_are_bitwise_those_of_plain_decoding(target, temperature):
+    """The target scores every committed token during verification anyway: the logprobs it reports
+    for a speculative run equal plain decoding's for the same tokens, bit for bit (greedy), and are
+    the log of the distribution the tokens were drawn from (sampled, seeded)."""
+    params = SamplingParams(temperature=temperature, seed=5, max_tokens=24, logprobs=3, repetition_penalty=1.1)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3]
+    plain = Engine(target).generate(prompt, params)
+    spec = Engine(target, make_proposer(PROPOSER_CASES[0], target), k=4).generate(prompt, params)
+    assert spec.stats.drafted > 0
+    assert len(plain.logprobs) == len(plain.token_ids)
+    assert [lp.token for lp in plain.logprobs] == plain.token_ids
+    for lp in plain.logprobs:
+        assert len(lp.top) == 3 and lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1] and lp.logprob <= 0.0
+    if temperature == 0.0:
+        assert spec.token_ids == plain.token_ids
+        assert spec.logprobs == plain.logprobs
+        assert all(lp.top[0][0] == lp.token for lp in plain.logprobs), "greedy tokens are the most likely"
+
+
+def test_min_tokens_holds_back_eos_and_stop_strings_in_speculation_like_plain():
+    model = tiny_model(vocab=VOCAB, seed=3, hidden=32, layers=2, eos_id=2)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3]
+    free = Engine(model).generate(prompt, SamplingParams(max_tokens=40))
+    assert free.finish_reason == "stop" and len(free.token_ids) < 10, "the test needs an early EOS"
+    params = SamplingParams(max_tokens=40, min_tokens=20, stop=("c",))
+    plain = Engine(model).generate(prompt, params)
+    spec = Engine(model, make_proposer(PROPOSER_CASES[0], model), k=4).generate(prompt, params)
+    assert len(plain.token_ids) >= 20 and 2 not in plain.token_ids[:20]
+    assert spec.token_ids == plain.token_ids

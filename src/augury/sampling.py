@@ -38,6 +38,7 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0  # end-of-sequence ids cannot be sampled before this many output tokens
     eos_ids: frozenset[int] = frozenset()  # the ids min_tokens holds back (the tokenizer's; set by the caller)
+    logprobs: int | None = None  # report each output token's log-probability and this many top alternatives
 
     def __post_init__(self) -> None:
         validate(self)
@@ -73,6 +74,8 @@ def validate(params: SamplingParams) -> None:
             raise AuguryError(f"{name} must be in [-2, 2], got {value}")
     if not isinstance(params.max_tokens, int) or not 0 < params.max_tokens <= MAX_TOKENS_LIMIT:
         raise AuguryError(f"max_tokens must be a positive integer, got {params.max_tokens}")
+    if params.logprobs is not None and (not isinstance(params.logprobs, int) or not 0 <= params.logprobs <= 20):
+        raise AuguryError(f"logprobs must be an integer in [0, 20] (top alternatives), got {params.logprobs}")
     if not isinstance(params.min_tokens, int) or not 0 <= params.min_tokens <= params.max_tokens:
         raise AuguryError(f"min_tokens must be an integer in [0, max_tokens], got {params.min_tokens}")
 
@@ -176,6 +179,29 @@ def probabilities(
     if params.min_p > 0.0:
         probs = probs.masked_fill(probs < params.min_p * probs.max(-1, keepdim=True).values, 0.0)
     return probs / probs.sum(-1, keepdim=True)
+
+
+def log_probabilities(
+    logits: Tensor,
+    params: SamplingParams,
+    prompt: list[int] | None = None,
+    output: list[int] | None = None,
+    drafted: list[int] | None = None,
+) -> Tensor:
+    """What logprobs report, per row: logits [N, V] -> log-probabilities [N, V] (fp32).
+
+    The model's distribution after the request's penalties, min_tokens mask and
+    temperature (1 for greedy requests, whose sampling distribution is a point
+    mass), before top-k / top-p / min-p truncation: the alternatives a client
+    asks about keep their probabilities. Row by row, from the same logits
+    rows, so speculative and plain decoding report the same bits.
+    """
+    position = len(output or []) + max(0, len(drafted or []) - logits.shape[0] + 1)
+    logits = apply_penalties(logits.float(), params, prompt or [], output or [], drafted or [])
+    info = torch.finfo(logits.dtype)
+    logits = hold_back_eos(logits.clamp(-info.max, info.max), params, position)
+    temperature = 1.0 if params.greedy else max(params.temperature, info.tiny)
+    return torch.log_softmax((logits - logits.max(-1, keepdim=True).values) / temperature, dim=-1)
 
 
 def sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:

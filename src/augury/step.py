@@ -21,6 +21,7 @@ way, and greedy output is identical.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -33,7 +34,7 @@ from augury.metrics import SpecStats
 from augury.models.loader import Model
 from augury.models.tokenizer import StreamDecoder
 from augury.proposers.base import Draft, Proposer, Sequence, propose_batch
-from augury.sampling import SamplingParams, make_generator, probabilities, sample
+from augury.sampling import SamplingParams, log_probabilities, make_generator, probabilities, sample
 from augury.verify import VerifyResult, verify_chain
 
 MAX_K = 32
@@ -45,12 +46,22 @@ def check_k(k: int) -> int:
     return k
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An output token's log-probability and the most likely alternatives at its position."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
+
+
 @dataclass
 class GenerationResult:
     text: str
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens)
     stats: SpecStats = field(default_factory=SpecStats)
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
 
 def starts_eagerly(proposer: Proposer | None) -> bool:
@@ -74,6 +85,9 @@ class Request:
                 f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
                 f"the model's context of {context}"
             )
+        if params.min_tokens and not params.eos_ids and not params.ignore_eos:
+            # min_tokens holds back the end-of-sequence ids in the one logits transform (sampling.py)
+            params = dataclasses.replace(params, eos_ids=frozenset(target.tokenizer.eos_ids))
         self.params = params
         self.proposer = proposer
         generator = make_generator(params.seed, target.decoder.device)
@@ -88,6 +102,7 @@ class Request:
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
         self.started = False  # proposer.start has run for this sequence
         self.drafted_at_length = 0  # len(seq.tokens) when the proposer last drafted (how far behind it may be)
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
 
     def draft_cap(self) -> int:
         """The most tokens this sequence may draft now (0 without a proposer): room before max_tokens."""
@@ -115,9 +130,15 @@ class Request:
         """How many of the sequence's tokens the target cache should hold: all but the last."""
         return len(self.seq.tokens) - 1
 
-    def commit(self, tokens: list[int]) -> list[str]:
-        """Append tokens one at a time, stopping exactly where plain decoding would; returns text deltas."""
+    def commit(self, tokens: list[int], logits: Tensor | None = None) -> list[str]:
+        """Append tokens one at a time, stopping exactly where plain decoding would; returns text deltas.
+
+        logits: [len(tokens), V] the target's rows the tokens were chosen from,
+        for requests that report logprobs (row i is token i's position).
+        """
         deltas = []
+        if self.logprobs is not None and logits is not None:
+            self._record_logprobs(tokens, logits)
         for token in tokens:
             if self.finish_reason is not None:
                 break
@@ -127,7 +148,7 @@ class Request:
             self.seq.tokens.append(token)
             self.stats.generated_tokens += 1
             self.text += self.decoder.push([token])
-            if self.params.stop:
+            if self.params.stop and len(self.seq.output) >= self.params.min_tokens:
                 cut = min((i for i in (self.text.find(s) for s in self.params.stop) if i >= 0), default=-1)
                 if cut >= 0:
                     self.text = self.text[:cut]
@@ -140,6 +161,16 @@ class Request:
             self.emitted = safe
         return deltas
 
+    def _record_logprobs(self, tokens: list[int], logits: Tensor) -> None:
+        """Log-probabilities of the tokens about to be committed (those past a stop are dropped with them)."""
+        seq = self.seq
+        rows = log_probabilities(logits[: len(tokens)], self.params, seq.prompt, seq.output, tokens[:-1])
+        top_n = self.params.logprobs or 0
+        for token, row in zip(tokens, rows):
+            top = torch.topk(row, top_n) if top_n else None
+            alternatives = tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else ()
+            self.logprobs.append(TokenLogprob(token, float(row[token]), alternatives))
+
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
@@ -150,7 +181,9 @@ class Request:
             self.proposer.finish(self.seq)
 
     def result(self) -> GenerationResult:
-        return GenerationResult(self.text, list(self.seq.output), self.finish_reason or "length", self.stats)
+        output = list(self.seq.output)
+        logprobs = self.logprobs[: len(output)] if self.logprobs is not None else None
+        return GenerationResult(self.text, output, self.finish_reason or "length", self.stats, logprobs)
 
 
 def _hidden_wanted(proposer: Proposer | None) -> tuple[bool, tuple[int, ...]]:
@@ -179,7 +212,7 @@ def prefill(target: Model, request: Request, cache: KVCache) -> list[str]:
     seq = request.seq
     probs = probabilities(logits[0, -1:], request.params, seq.prompt, seq.output)
     token = int(probs[0].argmax()) if request.params.greedy else int(sample(probs, seq.generator)[0])
-    deltas = request.commit([token])
+    deltas = request.commit([token], logits[0, -1:])
     request.stats.prefill_s = time.perf_counter() - t0
     if starts_eagerly(request.proposer) and not request.done:
         t1 = time.perf_counter()
@@ -312,4 +345,4 @@ def _verify_and_commit(request: Request, logits: Tensor) -> tuple[VerifyResult, 
     )
     request.stats.record_step(len(draft_.tokens), result.num_accepted)
     request.draft = Draft([])
-    return result, request.commit(result.tokens)
+    return result, request.commit(result.tokens, logits)
