@@ -45,7 +45,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask (default 4096)")
     g.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt accepted (default: what fits)")
     g.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024, help="largest request body (default 2 MiB)")
+    g.add_argument("--max-prompt-chars", type=int, default=None,
+                   help="longest prompt in characters, refused before tokenizing (default: 32 per prompt token)")
+    g.add_argument("--max-messages", type=int, default=2048, help="most messages in one chat request (default 2048)")
     g.add_argument("--fixed-k", action="store_true", help="always draft --k tokens (no cost-based adaptation)")
+    s = p.add_argument_group("security and lifecycle")
+    s.add_argument("--allow-host", action="append", default=[], metavar="NAME[:PORT]",
+                   help="accept requests whose Host header names this (repeatable; '*' = any). Default: only "
+                   "127.0.0.1, localhost and [::1], plus the --host address when it is a specific one")
+    s.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from this origin (e.g. http://localhost:3000) call the API, with CORS headers "
+                   "(repeatable; '*' = any). Default: browsers' cross-origin requests are refused")
+    s.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a client may take to send a request's headers (default 10)")
+    s.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a client may take to send a request body before 408 (default 30)")
+    s.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM or Ctrl-C, exit within this many seconds (default 30): new requests get 503 at "
+                   "once, running ones may finish until min(5, T/2) s before the end, then end with an error")
     g.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
     p.set_defaults(func=run_serve)
 
@@ -60,6 +77,15 @@ def _check_args(args: argparse.Namespace) -> None:
         raise AuguryError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     if args.api_key is not None and not args.api_key.isprintable():
         raise AuguryError("--api-key must be printable text")
+    for name in ("max_prompt_chars", "max_messages"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise AuguryError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("header_timeout", "body_timeout", "shutdown_timeout"):
+        if not getattr(args, name) >= (1.0 if name == "shutdown_timeout" else 0.1):
+            raise AuguryError(f"--{name.replace('_', '-')} is too short: {getattr(args, name)} s")
+    for origin in args.allow_origin:
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise AuguryError(f"--allow-origin takes scheme://host[:port] (e.g. http://localhost:3000), got {origin!r}")
 
 
 def _is_loopback(host: str) -> bool:
@@ -69,15 +95,29 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _is_wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return host == ""
+
+
+def _allowed_hosts(args: argparse.Namespace) -> tuple[str, ...]:
+    """--allow-host values plus the bound address when it is one specific address (clients then name it)."""
+    hosts = list(args.allow_host)
+    if not _is_wildcard(args.host) and not _is_loopback(args.host):
+        hosts.append(f"[{args.host}]" if ":" in args.host else args.host)
+    return tuple(hosts)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     _check_args(args)
-    import uvicorn
-
     from augury.engine import check_k
     from augury.models.loader import load_model
     from augury.proposers import build_proposer
     from augury.scheduler import Scheduler, SchedulerConfig
     from augury.server import ServerConfig, create_app
+    from augury.server.running import serve
 
     if args.draft_method != "plain":
         check_k(args.k)
@@ -101,10 +141,19 @@ def run_serve(args: argparse.Namespace) -> int:
         max_tokens_limit=args.max_tokens_limit,
         max_prompt_tokens=args.max_prompt_tokens,
         queue_timeout=args.queue_timeout if args.queue_timeout > 0 else None,
+        max_prompt_chars=args.max_prompt_chars,
+        max_messages=args.max_messages,
+        body_timeout=args.body_timeout,
+        allowed_hosts=_allowed_hosts(args),
+        allowed_origins=tuple(args.allow_origin),
     )
     app = create_app(target, scheduler, config)
     if not _is_loopback(args.host) and config.api_key is None:
         print(f"augury: warning: serving on {args.host} without --api-key; anyone who can reach it can use it",
+              file=sys.stderr)
+    if _is_wildcard(args.host) and not args.allow_host:
+        print("augury: note: bound to every interface, but only requests with Host 127.0.0.1, localhost or [::1] "
+              "are answered; add --allow-host NAME for the name clients use (or '*' behind a proxy that checks it)",
               file=sys.stderr)
     drafting = "plain decoding" if proposer is None else f"{args.draft_method} drafting, K up to {args.k}"
     print(
@@ -112,5 +161,6 @@ def run_serve(args: argparse.Namespace) -> int:
         f"with up to {args.max_batch} sequences of {scheduler.capacity} tokens",
         file=sys.stderr,
     )
-    uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)).run()
+    serve(app, args.host, args.port, shutdown_timeout=args.shutdown_timeout, header_timeout=args.header_timeout,
+          log_level=args.log_level)
     return 0

@@ -9,6 +9,12 @@ cancelled so its row is free for the next one.
 
 Every refusal is an OpenAI-style error body {"error": {message, type, param,
 code}} with a 4xx status; a 5xx means a bug in the server, never bad input.
+Cheap checks (size, nesting, schema, counts) run on the event loop and refuse
+oversized requests before any work; templating and tokenizing, which take a
+second for a few megabytes, run on a small thread pool so that the loop keeps
+answering everyone else. `Guard` checks every request's Host, Origin, API key
+and Content-Type before a handler sees it, and refuses new work while the
+server drains (see `augury.server.running`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,15 +43,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from augury.errors import AuguryError
 from augury.models.loader import Model
+from augury.models.tokenizer import Tokenizer
 from augury.sampling import SamplingParams
 from augury.scheduler import Admitted, Event, Failed, Finished, QueueFull, Scheduler, TextDelta, Ticket
 from augury.server import prometheus
 from augury.server.schemas import (
+    MAX_JSON_DEPTH,
     ApiError,
     Limits,
     chat_schema,
     check_unsupported,
     completion_schema,
+    nested_deeper_than,
     openapi,
     validate,
 )
@@ -53,6 +63,9 @@ log = logging.getLogger("augury.server")
 
 GREEDY_BELOW = 1e-5  # temperatures this small are argmax in all but name; dividing by them overflows
 PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+CHARS_PER_TOKEN_LIMIT = 32  # default character limit per prompt token: far above any tokenizer's average
 
 
 @dataclass
@@ -64,7 +77,15 @@ class ServerConfig:
     max_body_bytes: int = 2 * 1024 * 1024
     max_tokens_limit: int = 4096  # the largest max_tokens a request may ask for
     max_prompt_tokens: int | None = None  # None: whatever fits a sequence's KV row
+    max_prompt_chars: int | None = None  # None: CHARS_PER_TOKEN_LIMIT per prompt token
+    max_messages: int = 2048
     queue_timeout: float | None = None  # seconds a request may wait for a slot before 429 (None: no limit)
+    body_timeout: float = 30.0  # seconds a client may take to send a request body before 408
+    # Host header names accepted besides loopback (NAME: any port, NAME:PORT: that one; "*": any Host).
+    allowed_hosts: tuple[str, ...] = ()
+    # Browser origins (scheme://host[:port]) that may call the API, with CORS headers ("*": any).
+    allowed_origins: tuple[str, ...] = ()
+    tokenizer_threads: int = 2
 
 
 @dataclass
@@ -74,8 +95,31 @@ class ServerState:
     config: ServerConfig
     limits: Limits
     max_prompt_tokens: int
+    max_prompt_chars: int
+    tokenize_pool: ThreadPoolExecutor
     started: int = field(default_factory=lambda: int(time.time()))
     responses: Counter = field(default_factory=Counter)  # HTTP status -> count
+    draining: bool = False  # shutting down: new requests get 503, running ones may finish
+    in_flight: int = 0  # generation requests between arrival and their last byte
+
+    async def drain(self, finish_by: float, end_by: float) -> None:
+        """Refuse new requests; let running ones finish until `finish_by`, end the rest, wait for them until `end_by`.
+
+        Times are time.monotonic() deadlines. Ended requests get what the
+        scheduler sends on shutdown: a streamed error event, or a 503 body.
+        Each wait returns early once no generation request is in flight.
+        """
+        self.draining = True
+        await self._until_idle(finish_by)
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.scheduler.stop), max(0.0, end_by - time.monotonic()))
+        except asyncio.TimeoutError:  # the engine is inside a long step; its thread stops after it
+            pass
+        await self._until_idle(end_by)
+
+    async def _until_idle(self, deadline: float) -> None:
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
 
 @dataclass
@@ -144,20 +188,32 @@ async def _unless_disconnected(awaitable: Awaitable[Any], watcher: asyncio.Task)
 # -- request parsing -------------------------------------------------------------------------------
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The request body as JSON; 413 past `limit` bytes, 400 for anything that is not strict JSON."""
+async def read_json(request: Request, limit: int, timeout: float | None = None) -> Any:
+    """The request body as JSON; 413 past `limit` bytes, 408 if it takes over `timeout` s, 400 unless strict JSON.
+
+    Nesting deeper than MAX_JSON_DEPTH is refused here, before anything walks
+    the value recursively.
+    """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}", code="request_too_large")
-    chunks, size = [], 0
-    try:
+    chunks: list[bytes] = []
+
+    async def receive_all() -> None:
+        size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
                 raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
             chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(receive_all(), timeout)
     except ClientDisconnect:
         raise ApiError(499, "the client closed the connection while sending the body") from None
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g}s", code="request_timeout",
+                       headers={"Connection": "close"}) from None
     raw = b"".join(chunks)
     if not raw:
         raise ApiError(400, "the request body is empty; send a JSON object")
@@ -179,62 +235,78 @@ async def read_json(request: Request, limit: int) -> Any:
         json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise ApiError(400, "the request body contains an unpaired UTF-16 surrogate (\\ud800-\\udfff)") from None
+    if nested_deeper_than(body, MAX_JSON_DEPTH):
+        raise ApiError(400, f"the request body nests more than {MAX_JSON_DEPTH} levels deep")
     return body
 
 
-def _sampling_params(body: dict, max_tokens: int) -> SamplingParams:
-    temperature = body.get("temperature")
-    temperature = 1.0 if temperature is None else float(temperature)
+def _number(body: dict, name: str, default: float) -> float:
+    """A numeric parameter as a float; a 400 if it does not fit one (the schema bounds them, this is the backstop)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except OverflowError:
+        raise ApiError(400, f"'{name}' is too large", param=name) from None
+
+
+def _sampling_params(body: dict, max_tokens: int, eos_ids: frozenset[int]) -> SamplingParams:
+    temperature = _number(body, "temperature", 1.0)
     if temperature < GREEDY_BELOW:
         temperature = 0.0
     stop = body.get("stop")
     stop = () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
     top_k = body.get("top_k")
-
-    def value(name: str, default: Any) -> Any:
-        found = body.get(name)
-        return default if found is None else found
-
+    ignore_eos = bool(body.get("ignore_eos"))
+    min_tokens = body.get("min_tokens") or 0
+    if min_tokens > max_tokens:
+        raise ApiError(400, f"'min_tokens' ({min_tokens}) is more than max_tokens ({max_tokens})", param="min_tokens")
+    if min_tokens and stop:
+        raise ApiError(400, "'min_tokens' together with 'stop' is not supported yet; send one of them",
+                       param="min_tokens", code="unsupported_parameter")
     try:
         return SamplingParams(
             temperature=temperature,
             top_k=0 if top_k is None or top_k < 0 else top_k,
-            top_p=float(value("top_p", 1.0)),
-            min_p=float(value("min_p", 0.0)),
-            repetition_penalty=float(value("repetition_penalty", 1.0)),
-            presence_penalty=float(value("presence_penalty", 0.0)),
-            frequency_penalty=float(value("frequency_penalty", 0.0)),
+            top_p=_number(body, "top_p", 1.0),
+            min_p=_number(body, "min_p", 0.0),
+            repetition_penalty=_number(body, "repetition_penalty", 1.0),
+            presence_penalty=_number(body, "presence_penalty", 0.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0),
             max_tokens=max_tokens,
             stop=stop,
             seed=body.get("seed"),
-            ignore_eos=bool(value("ignore_eos", False)),
+            ignore_eos=ignore_eos,
+            min_tokens=min_tokens,
+            eos_ids=frozenset() if ignore_eos or not min_tokens else eos_ids,
         )
     except AuguryError as exc:
         raise ApiError(400, str(exc)) from None
 
 
-def _prompt_ids(state: ServerState, body: dict, chat: bool) -> list[int]:
-    """Token ids of the prompt: chat messages through the model's own template, text as is, or given ids."""
-    tokenizer = state.target.tokenizer
+Prompt = list[dict] | str | list[int]  # chat messages, text, or token ids
+
+
+def _prompt(body: dict, chat: bool) -> Prompt:
+    """The prompt of a valid request. Messages keep only role and text: nothing else reaches the template."""
     if chat:
-        messages = [
-            {"role": m["role"], "content": m["content"] if isinstance(m["content"], str)
-             else "".join(part["text"] for part in m["content"])}
-            for m in body["messages"]
-        ]
-        try:
-            text = tokenizer.apply_chat_template(messages)
-        except jinja2.TemplateError as exc:
-            raise ApiError(400, f"the model's chat template rejected these messages: {exc}", param="messages") from None
-        return tokenizer.encode(text, add_bos=False)
+        return [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str)
+                 else "".join(part["text"] for part in m["content"])} for m in body["messages"]]
     prompt = body["prompt"]
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-        return list(prompt)
-    return tokenizer.encode(prompt[0] if isinstance(prompt, list) else prompt)
+    if isinstance(prompt, list):
+        return list(prompt) if isinstance(prompt[0], int) else prompt[0]
+    return prompt
 
 
-def parse_job(state: ServerState, body: Any, chat: bool) -> Job:
-    """Validate a request body and turn it into prompt ids and sampling parameters (ApiError if invalid)."""
+def _characters(prompt: Prompt) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(m["content"]) for m in prompt if isinstance(m, dict))
+
+
+def check_request(state: ServerState, body: Any, chat: bool) -> Prompt:
+    """The cheap checks, before any templating or tokenizing: model, features, schema, size; the prompt."""
     if isinstance(body, dict):
         model = body.get("model")
         if isinstance(model, str) and model != state.config.model_name:
@@ -242,11 +314,49 @@ def parse_job(state: ServerState, body: Any, chat: bool) -> Job:
                            f"'{state.config.model_name}'", param="model", code="model_not_found")
         check_unsupported(body)
     validate(body, chat_schema(state.limits) if chat else completion_schema(state.limits))
-    param = "messages" if chat else "prompt"
+    prompt = _prompt(body, chat)
+    if _characters(prompt) > state.max_prompt_chars:
+        raise ApiError(400, f"the prompt is {_characters(prompt)} characters; this server accepts at most "
+                       f"{state.max_prompt_chars}", param="messages" if chat else "prompt",
+                       code="context_length_exceeded")
+    return prompt
+
+
+def tokenize(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
+    """Token ids of a checked prompt (a second or so for megabytes: runs off the event loop).
+
+    Chat messages go through the model's template with their text read as
+    plain text, so a message cannot forge turns with special-token text. A
+    raw completion prompt is the client's own token stream: its special-token
+    text stays special (documented), and token ids are taken as given.
+    """
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if not isinstance(prompt[0], dict):
+        return list(prompt)
     try:
-        prompt_ids = _prompt_ids(state, body, chat)
+        if isinstance(tokenizer, Tokenizer):
+            return tokenizer.encode_chat(prompt)
+        # Other tokenizers (the tests' character tokenizers) have no special tokens.
+        return tokenizer.encode(tokenizer.apply_chat_template(prompt), add_bos=False)
+    except jinja2.TemplateError as exc:
+        raise ApiError(400, f"the model's chat template rejected these messages: {exc}", param="messages") from None
+
+
+async def parse_job(state: ServerState, body: Any, chat: bool) -> Job:
+    """Validate a request body and turn it into prompt ids and sampling parameters (ApiError if invalid)."""
+    prompt = check_request(state, body, chat)
+    loop = asyncio.get_running_loop()
+    try:
+        ids = await loop.run_in_executor(state.tokenize_pool, tokenize, state.target.tokenizer, prompt)
     except AuguryError as exc:
-        raise ApiError(400, str(exc), param=param) from None
+        raise ApiError(400, str(exc), param="messages" if chat else "prompt") from None
+    return make_job(state, body, chat, ids)
+
+
+def make_job(state: ServerState, body: dict, chat: bool, prompt_ids: list[int]) -> Job:
+    """A checked request with its prompt's ids -> Job; 400 if the prompt and max_tokens do not fit."""
+    param = "messages" if chat else "prompt"
     if not prompt_ids:
         raise ApiError(400, "the prompt is empty", param=param)
     longest = state.max_prompt_tokens
@@ -268,7 +378,7 @@ def parse_job(state: ServerState, body: Any, chat: bool) -> Job:
     stream_options = body.get("stream_options") or {}
     return Job(
         prompt_ids=prompt_ids,
-        params=_sampling_params(body, max_tokens),
+        params=_sampling_params(body, max_tokens, state.target.tokenizer.eos_ids),
         stream=bool(body.get("stream")),
         include_usage=bool(stream_options.get("include_usage")),
     )
@@ -287,11 +397,16 @@ def _usage(result) -> dict:
     }
 
 
+def _shutting_down(message: str = "the server is shutting down; retry on another instance") -> ApiError:
+    return ApiError(503, message, type="server_error", code="shutting_down",
+                    headers={"Connection": "close", "Retry-After": "1"})
+
+
 def _failure(event: Failed) -> ApiError:
     if event.kind == "invalid":
         return ApiError(400, event.message)
     if event.kind == "shutdown":
-        return ApiError(503, event.message, type="server_error", code="shutting_down")
+        return _shutting_down(event.message)
     return ApiError(500, event.message, type="server_error", code="internal_error")
 
 
@@ -401,11 +516,16 @@ def _state(request: Request) -> ServerState:
 
 async def _generate(request: Request, chat: bool) -> Response:
     state = _state(request)
-    job = parse_job(state, await read_json(request, state.config.max_body_bytes), chat)
+    body = await read_json(request, state.config.max_body_bytes, state.config.body_timeout)
+    job = await parse_job(state, body, chat)
+    if state.draining:  # it began while this request was being tokenized
+        raise _shutting_down()
     channel = Channel(asyncio.get_running_loop())
     try:
         ticket = state.scheduler.submit(job.prompt_ids, job.params, channel.put)
     except QueueFull as exc:
+        if state.draining:  # the scheduler has stopped
+            raise _shutting_down() from None
         raise ApiError(429, str(exc), type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"}) from None
     except AuguryError as exc:
         raise ApiError(400, str(exc), param="max_tokens", code="context_length_exceeded") from None
@@ -453,8 +573,12 @@ async def models(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    scheduler = _state(request).scheduler
-    return JSONResponse({"status": "ok", "running": scheduler.running, "queued": scheduler.queue_length})
+    """Liveness; 503 while draining, so that a load balancer stops sending requests here."""
+    state = _state(request)
+    scheduler = state.scheduler
+    body = {"status": "draining" if state.draining else "ok", "running": scheduler.running,
+            "queued": scheduler.queue_length}
+    return JSONResponse(body, status_code=503 if state.draining else 200)
 
 
 async def metrics(request: Request) -> Response:
@@ -492,46 +616,131 @@ async def _on_crash(request: Request, exc: Exception) -> Response:
     return _error_response(ApiError(500, "internal server error", type="server_error", code="internal_error"))
 
 
+def _split_host(value: str) -> tuple[str, int | None]:
+    """'Name:port' (or '[::1]:port', or without a port) -> (lowercased name, port or None)."""
+    value = value.strip().lower()
+    if value.count(":") > 1 and not value.startswith("["):  # a bare IPv6 address
+        return value, None
+    if value.startswith("["):
+        name, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    else:
+        name, colon, port = value.rpartition(":")
+        if not colon or not port.isdigit():
+            name, port = value, ""
+    return name, int(port) if port.isdigit() else None
+
+
 class Guard:
-    """ASGI middleware: bearer-token check (when an API key is set) and response counting for /metrics."""
+    """ASGI middleware in front of every route: who may call, and what the server still accepts.
+
+    In order: the Host header must name this server (loopback, or an allowed
+    name: a page that rebinds its own DNS name to 127.0.0.1 still sends that
+    name); a browser's Origin must be this server's or an allowed one (other
+    pages could otherwise post to a server without an API key); while
+    draining, generation requests get 503; the API key when set; and POST
+    bodies must say application/json (a form or text/plain post is what a
+    page can send cross-origin without asking first). It also counts
+    responses for /metrics and generation requests in flight for draining.
+    """
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app = app
         self.state = state
         key = state.config.api_key
         self.expected = f"Bearer {key}".encode() if key else None
+        self.any_host = "*" in state.config.allowed_hosts
+        self.hosts = {_split_host(h) for h in state.config.allowed_hosts if h != "*"}
+        self.any_origin = "*" in state.config.allowed_origins
+        self.origins = {o.strip().lower().rstrip("/") for o in state.config.allowed_origins if o != "*"}
+
+    def host_allowed(self, host: str | None, server_port: int | None) -> bool:
+        if host is None or self.any_host:  # only HTTP/1.0 clients omit Host; browsers never do
+            return True
+        name, port = _split_host(host)
+        if name in LOOPBACK_HOSTS and port in (None, server_port):
+            return True
+        return (name, None) in self.hosts or (name, port) in self.hosts
+
+    def origin_allowed(self, origin: str, host: str | None) -> bool:
+        origin = origin.strip().lower()
+        if self.any_origin or origin in self.origins:
+            return True
+        return host is not None and origin in (f"http://{host.lower()}", f"https://{host.lower()}")  # same origin
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        origin = headers.get("origin")
+        cors = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"} if origin else {}
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 self.state.responses[message["status"]] += 1
+                if cors:
+                    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in cors.items()]
+                    message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
-        if self.expected is not None and scope["path"] not in PUBLIC_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
+        async def refuse(error: ApiError) -> None:
+            await _error_response(error)(scope, receive, counting_send)
+
+        host = headers.get("host")
+        server = scope.get("server")
+        if not self.host_allowed(host, server[1] if server else None):
+            return await refuse(ApiError(403, f"the Host header '{host[:100]}' is not one this server answers to "
+                                         "(start it with --allow-host NAME to accept it)", code="host_not_allowed"))
+        if origin is not None and not self.origin_allowed(origin, host):
+            cors = {}
+            return await refuse(ApiError(403, f"requests from the web origin '{origin[:100]}' are not allowed "
+                                         "(start the server with --allow-origin ORIGIN to allow it)",
+                                         code="origin_not_allowed"))
+        path, method = scope["path"], scope["method"]
+        if origin is not None and method == "OPTIONS" and "access-control-request-method" in headers:
+            preflight = {**cors, "Access-Control-Allow-Methods": "GET, POST, OPTIONS", "Access-Control-Max-Age": "600",
+                         "Access-Control-Allow-Headers": headers.get("access-control-request-headers",
+                                                                     "authorization, content-type")}
+            cors = {}
+            return await Response(status_code=204, headers=preflight)(scope, receive, counting_send)
+        generation = path in GENERATION_PATHS
+        if generation and self.state.draining:
+            return await refuse(_shutting_down())
+        if self.expected is not None and path not in PUBLIC_PATHS:
+            given = headers.get("authorization", "").encode("latin-1")
             if not hmac.compare_digest(given, self.expected):
-                error = ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
-                                 type="authentication_error", code="invalid_api_key",
-                                 headers={"WWW-Authenticate": "Bearer"})
-                await _error_response(error)(scope, receive, counting_send)
-                return
-        await self.app(scope, receive, counting_send)
+                return await refuse(ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                                             type="authentication_error", code="invalid_api_key",
+                                             headers={"WWW-Authenticate": "Bearer"}))
+        if generation and method == "POST":
+            media = headers.get("content-type", "").split(";")[0].strip().lower()
+            if media != "application/json":
+                return await refuse(ApiError(415, "the request body must be sent as 'Content-Type: application/json'"
+                                             f" (got '{media[:100] or 'none'}')", code="unsupported_media_type"))
+        if not generation:
+            return await self.app(scope, receive, counting_send)
+        self.state.in_flight += 1
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.state.in_flight -= 1
 
 
 def create_app(target: Model, scheduler: Scheduler, config: ServerConfig) -> Starlette:
     """The ASGI app. Its lifespan starts and stops the scheduler's engine thread."""
     capacity = scheduler.capacity
+    longest_prompt = capacity - 1 if config.max_prompt_tokens is None else min(config.max_prompt_tokens, capacity - 1)
     limits = Limits(
         model=config.model_name,
         max_tokens=max(1, min(config.max_tokens_limit, capacity - 1)),
         vocab_size=target.config.vocab_size,
+        max_prompt_tokens=longest_prompt,
+        max_messages=config.max_messages,
     )
-    longest_prompt = capacity - 1 if config.max_prompt_tokens is None else min(config.max_prompt_tokens, capacity - 1)
-    state = ServerState(target, scheduler, config, limits, longest_prompt)
+    chars = config.max_prompt_chars or CHARS_PER_TOKEN_LIMIT * longest_prompt
+    pool = ThreadPoolExecutor(max_workers=config.tokenizer_threads, thread_name_prefix="augury-tokenize")
+    state = ServerState(target, scheduler, config, limits, longest_prompt, chars, pool)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -540,6 +749,7 @@ def create_app(target: Model, scheduler: Scheduler, config: ServerConfig) -> Sta
             yield
         finally:
             scheduler.stop()
+            pool.shutdown(wait=False, cancel_futures=True)
 
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),

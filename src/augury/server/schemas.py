@@ -10,12 +10,17 @@ Limits that depend on the served model (max_tokens) are filled in by `Limits`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
+MAX_TEMPERATURE = 100.0  # far past where sampling is uniform in all but name; OpenAI stops at 2
+MAX_CONTENT_PARTS = 1024  # text parts in one message
+MAX_JSON_DEPTH = 32  # the deepest valid request nests 5 levels (messages[i].content[j].text)
+IGNORED = "accepted and ignored"
 
 
 class ApiError(Exception):
@@ -50,6 +55,8 @@ class Limits:
     model: str
     max_tokens: int  # largest max_tokens a request may ask for
     vocab_size: int
+    max_prompt_tokens: int  # longest prompt, so a list of token ids is refused by its length before its items
+    max_messages: int = 2048
 
 
 # -- the schemas ---------------------------------------------------------------------------------
@@ -64,7 +71,7 @@ def sampling_properties(limits: Limits) -> dict[str, dict]:
             "description": "tokens to generate at most; default: as many as fit the context, up to the server limit",
         },
         "temperature": {
-            "type": ["number", "null"], "minimum": 0,
+            "type": ["number", "null"], "minimum": 0, "maximum": MAX_TEMPERATURE,
             "description": "0 = greedy; values below 1e-5 are treated as greedy",
         },
         "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
@@ -92,7 +99,15 @@ def sampling_properties(limits: Limits) -> dict[str, dict]:
         },
         "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 1, "description": "only 1 is supported"},
         "ignore_eos": {"type": ["boolean", "null"]},
-        "user": {"type": ["string", "null"]},
+        "min_tokens": {
+            "type": ["integer", "null"], "minimum": 0, "maximum": limits.max_tokens,
+            "description": "end-of-sequence tokens cannot be generated before this many tokens (not yet "
+            "combinable with stop strings)",
+        },
+        "user": {"type": ["string", "null"], "description": IGNORED},
+        "store": {"type": ["boolean", "null"], "description": IGNORED},
+        "metadata": {"type": ["object", "null"], "description": IGNORED},
+        "service_tier": {"type": ["string", "null"], "description": IGNORED},
     }
 
 
@@ -106,7 +121,7 @@ def completion_schema(limits: Limits) -> dict:
                     {"type": "string"},
                     {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string"}},
                     {
-                        "type": "array", "minItems": 1,
+                        "type": "array", "minItems": 1, "maxItems": limits.max_prompt_tokens,
                         "items": {"type": "integer", "minimum": 0, "maximum": limits.vocab_size - 1},
                     },
                 ],
@@ -132,7 +147,8 @@ def chat_schema(limits: Limits) -> dict:
         "required": ["role", "content"],
         "properties": {
             "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
-            "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART}]},
+            "content": {"anyOf": [{"type": "string"},
+                                  {"type": "array", "maxItems": MAX_CONTENT_PARTS, "items": TEXT_PART}]},
             "name": {"type": "string"},
         },
     }
@@ -140,9 +156,10 @@ def chat_schema(limits: Limits) -> dict:
         "type": "object",
         "required": ["messages"],
         "properties": {
-            "messages": {"type": "array", "minItems": 1, "items": message},
+            "messages": {"type": "array", "minItems": 1, "maxItems": limits.max_messages, "items": message},
             **sampling_properties(limits),
             "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": limits.max_tokens},
+            "parallel_tool_calls": {"type": ["boolean", "null"], "description": IGNORED},
         },
     }
 
@@ -156,7 +173,10 @@ UNSUPPORTED_UNLESS = {
     "suffix": (None, ""),
     "tools": (None, []),
     "functions": (None, []),
+    "function_call": (None, "none"),
     "tool_choice": (None, "none"),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
 }
 
 
@@ -193,8 +213,31 @@ _JSON_TYPES = {
 
 
 def _describe(value: Any) -> str:
-    text = repr(value)
+    """A short description of a JSON value; never the whole of a huge or deeply nested one."""
+    if isinstance(value, list):
+        return f"an array of {len(value)} item(s)"
+    if isinstance(value, dict):
+        return f"an object with {len(value)} key(s)"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(value[:40] if isinstance(value, str) else value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels (checked without recursion)."""
+    level = [value]
+    for _ in range(limit + 1):
+        inner: list = []
+        for v in level:
+            if isinstance(v, dict):
+                inner.extend(v.values())
+            elif isinstance(v, list):
+                inner.extend(v)
+        if not inner:
+            return False
+        level = inner
+    return True
 
 
 @dataclass(frozen=True)
@@ -249,12 +292,14 @@ def _own_problem(value: Any, schema: dict, path: str) -> str | None:
         choices = ", ".join(repr(e) for e in schema["enum"])
         return f"'{path}' must be one of {choices}, got {_describe(value)}"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):  # 1e999 parses as inf
+            return f"'{path}' must be a finite number, got {value}"
         if "minimum" in schema and value < schema["minimum"]:
-            return f"'{path}' must be >= {schema['minimum']}, got {value}"
+            return f"'{path}' must be >= {schema['minimum']}, got {_describe(value)}"
         if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            return f"'{path}' must be > {schema['exclusiveMinimum']}, got {value}"
+            return f"'{path}' must be > {schema['exclusiveMinimum']}, got {_describe(value)}"
         if "maximum" in schema and value > schema["maximum"]:
-            return f"'{path}' must be <= {schema['maximum']}, got {value}"
+            return f"'{path}' must be <= {schema['maximum']}, got {_describe(value)}"
     if isinstance(value, str):
         if len(value) < schema.get("minLength", 0):
             return f"'{path}' must not be empty" if schema["minLength"] == 1 else f"'{path}' is too short"
