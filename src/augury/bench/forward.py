@@ -1,11 +1,13 @@
 """The verification cost curve and the memory-bandwidth floor of one decode step.
 
 Speculative decoding pays off when scoring T new tokens costs about as much as
-scoring one. This measures, for one model: the forward time of T = 1, 2, 4, ...
-new tokens after a fixed context, the floor a single-token step cannot beat
-(bytes of weights read per step / measured memory bandwidth), and plain
-autoregressive tokens/s next to transformers' generate on the very same
-weights, in the same process.
+scoring one. This measures, for one model in each weight format asked for
+(the GGUF's own low-bit blocks, dequantized bf16): the forward time of T = 1,
+2, 4, ... new tokens after a fixed context, the floor a single-token step
+cannot beat (bytes of weights read per step / measured memory bandwidth), and
+plain autoregressive tokens/s, next to transformers' generate on the very same
+weights and llama.cpp's own `llama-bench` prompt-processing times for T tokens
+at the same depth (the same forward in llama.cpp), all in one report.
 """
 
 from __future__ import annotations
@@ -22,41 +24,73 @@ from augury.models.loader import Model
 
 @dataclass
 class ForwardProfile:
+    """One model's curve: `label` names its weight format (gguf, bf16, or as loaded)."""
+
+    label: str
     weight_bytes: int
-    bandwidth_by_method: dict[str, float]  # GB/s
     context: int
     rows_ms: dict[int, float] = field(default_factory=dict)  # new tokens -> median forward ms
     augury_tps: float | None = None
     transformers_tps: float | None = None
 
+    def floor_ms(self, bandwidth_gbs: float) -> float:
+        """The least a decode step can take: every weight byte read once at the measured bandwidth."""
+        return self.weight_bytes / (bandwidth_gbs * 1e9) * 1e3
+
+
+@dataclass
+class ProfileReport:
+    """Every weight format's curve side by side, with llama.cpp's forward times for the same row counts."""
+
+    bandwidth_by_method: dict[str, float]  # GB/s
+    profiles: list[ForwardProfile]
+    llama_cpp_ms: dict[int, float] | None = None  # llama-bench pp T at the same depth: ms per forward
+
     @property
     def bandwidth_gbs(self) -> float:
         return max(self.bandwidth_by_method.values())
 
-    @property
-    def floor_ms(self) -> float:
-        return self.weight_bytes / (self.bandwidth_gbs * 1e9) * 1e3
-
     def markdown(self) -> str:
-        one = self.rows_ms.get(1)
-        methods = ", ".join(f"{name} {gbs:.1f}" for name, gbs in self.bandwidth_by_method.items())
-        lines = [
-            f"weights read per step: {self.weight_bytes / 1e9:.2f} GB; measured read bandwidth "
-            f"{self.bandwidth_gbs:.1f} GB/s (best of: {methods}); floor {self.floor_ms:.1f} ms per step",
-            "",
-            f"| new tokens after {self.context} | forward ms | x one token | x floor |",
-            "|---:|---:|---:|---:|",
-        ]
-        for rows, ms in self.rows_ms.items():
-            lines.append(f"| {rows} | {ms:.1f} | {ms / one:.2f} | {ms / self.floor_ms:.2f} |")
-        if self.augury_tps is not None:
-            lines += ["", f"augury plain decoding: {self.augury_tps:.2f} tok/s"]
-        if self.transformers_tps is not None:
-            lines.append(
-                f"transformers generate (same weights, same dtype): {self.transformers_tps:.2f} tok/s; "
-                f"ratio {self.augury_tps / self.transformers_tps:.2f}x"
-            )
+        gbs = self.bandwidth_gbs
+        methods = ", ".join(f"{name} {value:.1f}" for name, value in self.bandwidth_by_method.items())
+        lines = [f"measured read bandwidth {gbs:.1f} GB/s (best of: {methods})"]
+        lines += [f"{p.label}: weights read per step {p.weight_bytes / 1e9:.2f} GB; floor {p.floor_ms(gbs):.1f} ms "
+                  "per step" for p in self.profiles]
+        context = self.profiles[0].context
+        headers = [f"new tokens after {context}"]
+        for p in self.profiles:
+            headers += [f"{p.label} ms", "x one token", "x floor"]
+        cpp = self.llama_cpp_ms
+        if cpp:
+            headers += ["llama.cpp ms", "x one token"]
+        lines += ["", "| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)]
+        rows = sorted({r for p in self.profiles for r in p.rows_ms} | set(cpp or {}))
+        for r in rows:
+            cells = [str(r)]
+            for p in self.profiles:
+                ms, one = p.rows_ms.get(r), p.rows_ms.get(1)
+                cells += _cells(ms, one) + [f"{ms / p.floor_ms(gbs):.2f}" if ms is not None else "—"]
+            if cpp:
+                cells += _cells(cpp.get(r), cpp.get(1))
+            lines.append("| " + " | ".join(cells) + " |")
+        for p in self.profiles:
+            if p.augury_tps is not None:
+                lines += ["", f"augury plain decoding ({p.label}): {p.augury_tps:.2f} tok/s"]
+            if p.transformers_tps is not None and p.augury_tps is not None:
+                lines.append(
+                    f"transformers generate ({p.label}, same weights, same dtype): {p.transformers_tps:.2f} tok/s; "
+                    f"ratio {p.augury_tps / p.transformers_tps:.2f}x"
+                )
+        if cpp:
+            lines += ["", "llama.cpp: llama-bench prompt processing of T tokens at the same depth, on the same GGUF "
+                      "and thread count (ms per forward: its mean time for the pp T test)"]
         return "\n".join(lines)
+
+
+def _cells(ms: float | None, one: float | None) -> list[str]:
+    if ms is None:
+        return ["—", "—"]
+    return [f"{ms:.1f}", f"{ms / one:.2f}" if one else "—"]
 
 
 def read_bandwidth_gbs(size_bytes: int = 1 << 30, repeats: int = 5) -> dict[str, float]:
@@ -145,12 +179,14 @@ def transformers_tokens_per_s(model: Model, prompt_ids: list[int], tokens: int) 
 
 
 def profile(
-    model: Model, *, context: int, rows: list[int], decode_tokens: int, prompt_ids: list[int], peers: bool
+    model: Model, label: str, *, context: int, rows: list[int], decode_tokens: int, prompt_ids: list[int],
+    transformers: bool,
 ) -> ForwardProfile:
-    result = ForwardProfile(weight_bytes_per_step(model), read_bandwidth_gbs(), context)
+    """One model's curve and plain decoding speed (and transformers' on the same weights)."""
+    result = ForwardProfile(label, weight_bytes_per_step(model), context)
     result.rows_ms = forward_curve(model, context, rows)
     plain_tokens_per_s(model, prompt_ids, 4)  # warm-up
     result.augury_tps = plain_tokens_per_s(model, prompt_ids, decode_tokens)
-    if peers:
+    if transformers:
         result.transformers_tps = transformers_tokens_per_s(model, prompt_ids, decode_tokens)
     return result

@@ -30,6 +30,7 @@ which need no such split, are reported next to the decode ones.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -503,6 +504,33 @@ class LlamaCppContender:
             stats.steps = timings.committed - timings.accepted
             stats.target_forwards = stats.steps + 1
         return Outcome(tokens, answer, stats, reason)
+
+
+def parse_llama_bench(stdout: str) -> dict[int, float]:
+    """`llama-bench -o jsonl` results: each prompt-processing test (n_gen 0) as T -> ms per forward of T tokens."""
+    out: dict[int, float] = {}
+    for line in stdout.splitlines():
+        if not line.lstrip().startswith("{"):
+            continue
+        try:
+            test = json.loads(line)
+        except json.JSONDecodeError:
+            raise AuguryError(f"llama-bench printed a malformed result line: {line[:80]}") from None
+        if test.get("n_gen") == 0 and test.get("n_prompt"):
+            out[int(test["n_prompt"])] = float(test["avg_ns"]) / 1e6
+    if not out:
+        raise AuguryError("llama-bench printed no prompt-processing results; is it llama.cpp's llama-bench?")
+    return out
+
+
+def llama_bench_ms(
+    binary: Path, gguf: Path, rows: list[int], *, depth: int, threads: int, repetitions: int = 3
+) -> dict[int, float]:
+    """llama.cpp's forward of T new tokens after `depth` cached ones (its pp T test), in ms, for each T."""
+    command = [str(binary), "-m", str(gguf), "-t", str(threads), "-p", ",".join(map(str, rows)), "-n", "0",
+               "-d", str(depth), "-r", str(repetitions), "-o", "jsonl"]
+    stdout, _ = run_llama_cpp(command)
+    return parse_llama_bench(stdout)
 
 
 def build_peers(

@@ -1,0 +1,84 @@
+"""The verification cost curve of a model on this machine: measured by `augury profile`, read by the planner.
+
+Speculation pays when a forward of T new tokens costs little more than one.
+How much more depends on the CPU, the torch build, the thread count, the
+weight format and the row padding, so it is measured, not assumed: `augury
+profile` times forwards of 1..32 new tokens and saves the curve next to the
+model's converted weights, keyed by what it depends on (the same key as the
+row padding, `calibration.machine_key`). A planner reads it back with
+`load_cost_curve(model)`; None means it was never measured for this model,
+machine and format (or under another padding), and the planner must measure
+for itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from augury.calibration import machine_key
+from augury.models.decoder import weight_kinds
+from augury.models.loader import Model
+
+VERSION = 1
+
+
+def cost_key(model: Model) -> str:
+    """What a model's forward costs depend on, as the row padding's calibration keys it."""
+    decoder = model.decoder
+    return machine_key(decoder.dtype, weight_kinds(decoder.weights))
+
+
+def costs_path(model: Model) -> Path:
+    """Where the curve of this model on this machine is kept: beside its converted weights."""
+    from augury.models.loader import _cache_dir
+    from augury.models.store import augury_home
+
+    return _cache_dir(model.source, augury_home()) / f"costs-{cost_key(model)}.json"
+
+
+def save_cost_curve(
+    model: Model, rows_ms: dict[int, float], *, context: int, weight_bytes: int, floor_ms: float
+) -> Path:
+    """Write the measured curve (new tokens -> median forward ms after `context` cached tokens)."""
+    path = costs_path(model)
+    record = {
+        "version": VERSION,
+        "key": cost_key(model),
+        "weight_kinds": sorted(set(weight_kinds(model.decoder.weights))),
+        "context": context,
+        "rows_ms": {str(rows): ms for rows, ms in sorted(rows_ms.items())},
+        # the padding the curve was measured under: a planner on another padding must not use it
+        "padded_rows": {str(rows): model.decoder.pad_rows(rows) for rows in sorted(rows_ms)},
+        "weight_bytes": weight_bytes,
+        "floor_ms": floor_ms,
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def load_cost_curve(model: Model) -> dict[int, float] | None:
+    """Median ms of a forward of T new tokens, by T, as `augury profile` measured it for this model here.
+
+    None when there is no curve for this model, machine, thread count and
+    weight format, when it is unreadable, or when the model now pads rows
+    differently from when it was measured.
+    """
+    path = costs_path(model)
+    try:
+        record = json.loads(path.read_text())
+        if record.get("version") != VERSION or record.get("key") != cost_key(model):
+            return None
+        curve = {int(rows): float(ms) for rows, ms in record["rows_ms"].items()}
+        padded = {int(rows): int(n) for rows, n in record["padded_rows"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if any(model.decoder.pad_rows(rows) != n for rows, n in padded.items()):
+        return None
+    return curve
