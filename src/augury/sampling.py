@@ -39,6 +39,7 @@ class SamplingParams:
     min_tokens: int = 0  # end-of-sequence ids cannot be sampled before this many output tokens
     eos_ids: frozenset[int] = frozenset()  # the ids min_tokens holds back (the tokenizer's; set by the caller)
     logprobs: int | None = None  # report each output token's log-probability and this many top alternatives
+    constraint: object | None = None  # a grammar mask over the vocabulary (grammar.JsonObjectConstraint), or None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -85,20 +86,27 @@ def apply_penalties(
 ) -> Tensor:
     """Penalize tokens already seen, row by row.
 
-    logits: [N, V]. Row i sees the prompt, the output so far and drafted[:i]
-    (the tokens that plain decoding would have produced before that position).
+    logits: [N, V], the last N positions of output + drafted + one (as in
+    `probabilities`): row i sees the prompt, the output so far and
+    drafted[:len(drafted) - N + 1 + i], the tokens plain decoding would have
+    produced before that position. The target's K + 1 rows after K drafted
+    tokens see drafted[:i]; a drafter's one row after its drafted tokens sees
+    all of them, so its q_draft is penalized exactly like the target's row there.
     """
     if not params.has_penalties:
         return logits
     n, vocab = logits.shape
     device = logits.device
+    every_row = max(0, len(drafted) - n + 1)  # drafted tokens before row 0
+    history = list(output) + list(drafted[:every_row])
     out_counts = torch.zeros(n, vocab, device=device)
-    if output:
-        out_counts += torch.bincount(torch.tensor(output, device=device), minlength=vocab)[:vocab].float()
-    if drafted and n > 1:
+    if history:
+        out_counts += torch.bincount(torch.tensor(history, device=device), minlength=vocab)[:vocab].float()
+    later = drafted[every_row : every_row + n - 1]  # row i also sees later[:i]
+    if later:
         steps = torch.zeros(n, vocab, device=device)
-        rows = torch.arange(1, n, device=device)
-        steps[rows, torch.tensor(drafted[: n - 1], device=device)] = 1.0
+        rows = torch.arange(1, len(later) + 1, device=device)
+        steps[rows, torch.tensor(later, device=device)] = 1.0
         out_counts += steps.cumsum(0)
     logits = logits.clone()
     if params.repetition_penalty != 1.0:
@@ -110,6 +118,13 @@ def apply_penalties(
     logits -= params.frequency_penalty * out_counts
     logits -= params.presence_penalty * (out_counts > 0).float()
     return logits
+
+
+def constrained(logits: Tensor, params: SamplingParams, output: list[int] | None, drafted: list[int] | None) -> Tensor:
+    """The request's grammar mask (response_format), row by row over the same history as the penalties."""
+    if params.constraint is None:
+        return logits
+    return params.constraint.mask_logits(logits, list(output or []), list(drafted or []))
 
 
 def hold_back_eos(logits: Tensor, params: SamplingParams, position: int) -> Tensor:
@@ -149,7 +164,8 @@ def probabilities(
     and any vocabulary size (a token of equal probability, wherever it sits).
     """
     position = len(output or []) + max(0, len(drafted or []) - logits.shape[0] + 1)  # output position of row 0
-    logits = apply_penalties(logits.float(), params, prompt or [], output or [], drafted or [])
+    logits = constrained(apply_penalties(logits.float(), params, prompt or [], output or [], drafted or []),
+                         params, output, drafted)
     if params.greedy:
         logits = hold_back_eos(logits, params, position)
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
@@ -197,7 +213,8 @@ def log_probabilities(
     rows, so speculative and plain decoding report the same bits.
     """
     position = len(output or []) + max(0, len(drafted or []) - logits.shape[0] + 1)
-    logits = apply_penalties(logits.float(), params, prompt or [], output or [], drafted or [])
+    logits = constrained(apply_penalties(logits.float(), params, prompt or [], output or [], drafted or []),
+                         params, output, drafted)
     info = torch.finfo(logits.dtype)
     logits = hold_back_eos(logits.clamp(-info.max, info.max), params, position)
     temperature = 1.0 if params.greedy else max(params.temperature, info.tiny)
