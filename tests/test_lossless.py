@@ -361,3 +361,24 @@ def test_top_p_cut_depends_on_values_only(vocab):
     renumbered = probabilities(logits[perm][None], params)[0]  # sums in another order: equal up to rounding
     assert torch.equal(renumbered > 0, alone[perm] > 0), "renumbering the tokens moved the cut"
     torch.testing.assert_close(renumbered, alone[perm])
+
+
+# -- 5. a position's distribution is the same computed alone or in a block ---------------------
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8, top_k=5, top_p=0.9, min_p=0.02,
+                   repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.3),
+    SamplingParams(temperature=0.0, repetition_penalty=1.5, frequency_penalty=0.6),
+], ids=["sampled", "greedy"])
+def test_a_drafters_row_equals_the_targets_row_at_that_position(params):
+    """q_draft's row after i drafted tokens (one row) sees the same history as p_target's row i (in a K + 1 block)."""
+    gen = torch.Generator().manual_seed(8)
+    prompt, output, drafted = [1, 2, 3], [4, 4, 5], [6, 4, 6, 7]
+    logits = torch.randn(len(drafted) + 1, 12, generator=gen) * 2
+    block = probabilities(logits, params, prompt, output, drafted)
+    for i in range(len(drafted) + 1):
+        alone = probabilities(logits[i : i + 1], params, prompt, output, drafted[:i])[0]
+        assert torch.equal(alone, block[i]), f"row {i}: the drafter's one row and the target's block row differ"
+        replayed = probabilities(logits[i : i + 1], params, prompt, output + drafted[:i])[0]
+        assert torch.equal(alone, replayed), f"row {i}: drafted tokens must count as plain decoding's output"

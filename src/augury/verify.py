@@ -15,6 +15,18 @@ prompt lookup, another tokenizer's text, greedy drafting) is a point mass on x,
 so x is accepted with probability p_target(x) and the recovered distribution is
 p_target with x removed. Greedy decoding is the special case where p_target is
 one-hot; it is handled by comparing argmaxes, without drawing random numbers.
+
+Coupled (seeded) sampling makes a seeded request's text independent of the
+drafter and of K, which rejection sampling cannot: there, how many random
+numbers a step consumes depends on the draft. Instead the randomness for output
+position t is fixed by (seed, t) alone, Gumbel noise g_t over the vocabulary,
+and the token at t is argmax(log p_target + g_t), which is exactly a sample from
+p_target (the Gumbel-max trick). A drafter that proposes argmax(log q_draft +
+g_t) with the same noise agrees with the target whenever the two argmaxes do;
+verification then compares tokens, as greedy decoding does, and commits the
+target's own coupled token at the first disagreement (or as the bonus). Every
+committed token is the one plain coupled sampling would have committed, so the
+output is identical with or without speculation, for any drafter and K.
 """
 
 from __future__ import annotations
@@ -135,3 +147,75 @@ def verify_chain(
             return VerifyResult(k, i, draft_tokens[:i] + [recovered])
     bonus = source.categorical(p_target[k])
     return VerifyResult(k, k, [*draft_tokens, bonus])
+
+
+# -- coupled (seeded) sampling ------------------------------------------------------------
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finalizer: a bijection on 64-bit integers that scatters nearby inputs."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _exponentials(seed: int, position: int, vocab_size: int, device: torch.device | str) -> Tensor:
+    """E_t = -log U_t: [vocab_size] float64 standard exponentials for (seed, position); g_t = -log E_t."""
+    if position < 0 or vocab_size <= 0:
+        raise ValueError(f"coupled noise needs position >= 0 and vocab_size > 0, got {position} and {vocab_size}")
+    generator = torch.Generator().manual_seed(_mix64(_mix64(seed & _MASK64) ^ position))
+    uniforms = torch.rand(vocab_size, generator=generator, dtype=torch.float64)  # [0, 1): E in (0, inf]
+    return (-torch.log(uniforms)).to(device)
+
+
+def coupled_noise(seed: int, position: int, vocab_size: int, device: torch.device | str = "cpu") -> Tensor:
+    """Gumbel noise g_t: [vocab_size] float64 for output position t of a request seeded with `seed`.
+
+    A function of (seed, position, vocab_size) alone, never of the batch, K,
+    the drafter or how many numbers were drawn before: each position gets its
+    own CPU generator, seeded by a hash of (seed, position), and the noise is
+    moved to `device` afterwards (a CUDA generator would give other numbers).
+    Positions count output tokens: 0 is the first generated token. A drafter
+    uses the target's vocabulary size, so that token i sees the same noise on
+    both sides.
+    """
+    return -torch.log(_exponentials(seed, position, vocab_size, device))
+
+
+def coupled_sample(probs: Tensor, seed: int, position: int) -> int:
+    """argmax(log probs + g_position): the token at output position `position`. probs: [V].
+
+    Over random seeds this is distributed exactly as probs (the maximum of
+    log p_i + Gumbel noise falls on i with probability p_i); tokens of zero
+    probability never win, and a one-hot probs (greedy) gives its argmax
+    whatever the seed. Computed as argmax(p / E) with E = exp(-g), the same
+    token without a logarithm per call (on 152k tokens, 2 ms instead of 4 here):
+    drafters and the verifier must both call this function, not re-derive it.
+    """
+    exponentials = _exponentials(seed, position, probs.shape[-1], probs.device)
+    return int((probs.double() / exponentials).argmax())
+
+
+def verify_coupled(draft_tokens: list[int], p_target: Tensor, seed: int, start_position: int) -> VerifyResult:
+    """Verify a chain of K drafted tokens by coupled sampling: accepted while they equal the target's coupled tokens.
+
+    draft_tokens: K token ids (from any drafter; one that drafts
+        argmax(log q_draft + g_t) with `coupled_noise` is accepted most often).
+    p_target: [K + 1, V] target probabilities at each drafted position plus the
+        one after the last, computed exactly as for `verify_chain`.
+    start_position: the output position of the first drafted token (the number
+        of output tokens committed before this step).
+    The committed tokens are the accepted ones, then the target's coupled token
+    at the first mismatch (recovered) or after the last drafted token (bonus):
+    exactly what plain coupled sampling commits at those positions. No
+    q_draft is needed, and no random state is consumed.
+    """
+    k = len(draft_tokens)
+    for i in range(k + 1):
+        token = coupled_sample(p_target[i], seed, start_position + i)
+        if i == k or token != draft_tokens[i]:
+            return VerifyResult(k, i, [*draft_tokens[:i], token])
+    raise AssertionError("unreachable: the loop returns at i == k")
