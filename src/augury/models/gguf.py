@@ -137,31 +137,137 @@ def _unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, half, 2, *rest).transpose(1, 2).reshape(rows, *rest)
 
 
-def read_weights(reader, config: ModelConfig, path: Path, dtype: torch.dtype, progress: Callable | None = None) -> dict:
-    """Dequantize every tensor to `dtype` in augury's flat naming (see `weights_from_flat`)."""
-    import gguf
-
-    tensors = {}
+def _check_types(reader, path: Path) -> None:
+    """An AuguryError naming the first tensor whose quantization type augury cannot read at all."""
     for t in reader.tensors:
-        qtype = t.tensor_type.name
-        if qtype not in SUPPORTED_QUANTS:
+        if t.tensor_type.name not in SUPPORTED_QUANTS:
             raise AuguryError(
-                f"{path}: tensor {t.name} uses quantization type {qtype}, which augury does not support "
+                f"{path}: tensor {t.name} uses quantization type {t.tensor_type.name}, which augury does not support "
                 f"(supported: {', '.join(sorted(SUPPORTED_QUANTS))})"
             )
-        try:
-            array = gguf.quants.dequantize(t.data, t.tensor_type)
-        except Exception as exc:
-            raise AuguryError(f"{path}: cannot dequantize {t.name} ({qtype}): {exc}") from None
-        tensor = torch.from_numpy(np.require(array, np.float32, ["C", "W"]))
-        if config.arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias")):
-            tensor = _unpermute_rotary(tensor, config.num_heads)
-        elif config.arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
-            tensor = _unpermute_rotary(tensor, config.num_kv_heads)
-        tensors[t.name] = tensor
+
+
+def _rotary_heads(name: str, config: ModelConfig) -> int | None:
+    """For llama's q/k tensors, the head count whose rotary row permutation must be undone; else None."""
+    if config.arch != "llama":
+        return None
+    if name.endswith(("attn_q.weight", "attn_q.bias")):
+        return config.num_heads
+    if name.endswith(("attn_k.weight", "attn_k.bias")):
+        return config.num_kv_heads
+    return None
+
+
+def _dequantized(t, config: ModelConfig, path: Path) -> torch.Tensor:
+    """One GGUF tensor as fp32 in augury's layout (llama's q/k rows un-permuted)."""
+    import gguf
+
+    try:
+        array = gguf.quants.dequantize(t.data, t.tensor_type)
+    except Exception as exc:
+        raise AuguryError(f"{path}: cannot dequantize {t.name} ({t.tensor_type.name}): {exc}") from None
+    tensor = torch.from_numpy(np.require(array, np.float32, ["C", "W"]))
+    heads = _rotary_heads(t.name, config)
+    return tensor if heads is None else _unpermute_rotary(tensor, heads)
+
+
+def read_weights(reader, config: ModelConfig, path: Path, dtype: torch.dtype, progress: Callable | None = None) -> dict:
+    """Dequantize every tensor to `dtype` in augury's flat naming (see `weights_from_flat`)."""
+    _check_types(reader, path)
+    tensors = {}
+    for t in reader.tensors:
+        tensors[t.name] = _dequantized(t, config, path)
         if progress is not None:
             progress(int(t.n_bytes))
     return gguf_to_flat(tensors, config, dtype)
+
+
+# augury's fused matmul weights and the GGUF tensors stacked (on the output axis) into each.
+NATIVE_LINEARS = {
+    "wqkv": ("attn_q", "attn_k", "attn_v"),
+    "wo": ("attn_output",),
+    "w_gate_up": ("ffn_gate", "ffn_up"),
+    "w_down": ("ffn_down",),
+}
+
+
+def read_native_weights(
+    reader,
+    config: ModelConfig,
+    path: Path,
+    dtype: torch.dtype,
+    progress: Callable | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> dict:
+    """Like `read_weights`, but matmul weights stay GGUF blocks (`GgufWeight`) where the kernel covers their type.
+
+    Fusing q/k/v and gate/up stacks whole rows of blocks (blocks run along the
+    input axis), and llama's rotary un-permutation moves whole rows too, so the
+    blocks need no re-quantization. A fused weight with a part of another
+    block type (F16, Q2_K, ...) is dequantized to `dtype` as `read_weights`
+    does, with one `warn` line per such tensor. The token embedding is always a
+    dequantized `dtype` copy (lookups need rows, not matmuls); with tied
+    embeddings the output head still multiplies the native blocks.
+    """
+    from augury.kernels.reference import KINDS
+    from augury.kernels.weight import GgufWeight
+
+    _check_types(reader, path)
+    by_name = {t.name: t for t in reader.tensors}
+
+    def done(t) -> None:
+        if progress is not None:
+            progress(int(t.n_bytes))
+
+    def blocks(t) -> torch.Tensor:
+        raw = torch.from_numpy(np.array(t.data, dtype=np.uint8, copy=True))  # [rows, row_bytes]
+        heads = _rotary_heads(t.name, config)
+        return raw if heads is None else _unpermute_rotary(raw, heads)
+
+    def native(names: list[str]) -> GgufWeight | torch.Tensor:
+        ts = [by_name[n] for n in names]
+        odd = [t for t in ts if t.tensor_type.name not in KINDS]
+        if not odd:
+            weight = GgufWeight([(t.tensor_type.name, blocks(t)) for t in ts], dtype=dtype)
+        else:
+            for t in odd:
+                if warn is not None:
+                    warn(
+                        f"{path.name}: {t.name} is {t.tensor_type.name}, which the GGUF kernel does not cover; "
+                        f"using a dequantized {str(dtype).removeprefix('torch.')} copy"
+                    )
+            weight = torch.cat([_dequantized(t, config, path) for t in ts]).to(dtype).contiguous()
+        for t in ts:
+            done(t)
+        return weight
+
+    used: set[str] = set()
+    flat: dict = {}
+    for i in range(config.num_layers):
+        for ours, theirs in NATIVE_LINEARS.items():
+            names = [f"blk.{i}.{n}.weight" for n in theirs]
+            flat[f"layers.{i}.{ours}"] = native(names)
+            used.update(names)
+    head = "token_embd.weight" if config.tie_embeddings else "output.weight"
+    flat["lm_head"] = native([head])
+    used.add(head)
+    rest = {}
+    for t in reader.tensors:
+        if t.name not in used or t.name == "token_embd.weight":
+            rest[t.name] = _dequantized(t, config, path)
+            if t.name not in used:
+                done(t)
+    for i in range(config.num_layers):
+        p = f"blk.{i}."
+        for ours, theirs in GGUF_LAYER_NAMES.items():
+            if p + theirs in rest and ours not in NATIVE_LINEARS:
+                flat[f"layers.{i}.{ours}"] = rest[p + theirs]
+        if p + "attn_q.bias" in rest:
+            flat[f"layers.{i}.bqkv"] = torch.cat([rest[p + f"attn_{n}.bias"] for n in "qkv"])
+    flat["embed"] = rest["token_embd.weight"]
+    flat["final_norm"] = rest["output_norm.weight"]
+    plain = cast_flat({k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}, dtype)
+    return {**flat, **plain}
 
 
 GGUF_LAYER_NAMES = {

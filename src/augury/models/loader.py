@@ -13,16 +13,18 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from augury.errors import AuguryError
 from augury.models.decoder import (
+    LINEAR_FIELDS,
     Decoder,
     LayerWeights,
     ModelConfig,
+    OneDnnWeight,
     Weights,
     onednn_packing_available,
     pack_weights,
@@ -83,7 +85,8 @@ def weights_from_flat(flat: dict[str, torch.Tensor], config: ModelConfig) -> Wei
     return Weights(
         embed=embed,
         final_norm=flat["final_norm"],
-        lm_head=embed if config.tie_embeddings else flat["lm_head"],
+        # A native GGUF load keeps a tied head as its own (block) weight next to the embedding copy.
+        lm_head=flat["lm_head"] if "lm_head" in flat else embed,
         layers=layers,
     )
 
@@ -156,6 +159,146 @@ def _padding(weights: Weights, dtype: torch.dtype, device: torch.device, cached:
     return padding
 
 
+WEIGHT_FORMATS = ("gguf", "bf16")
+
+
+def resolve_weights(weights: str | None, source: Path, dtype: torch.dtype, device: torch.device) -> str:
+    """Which weight path a load takes: "gguf" (the file's own blocks, `GgufWeight`) or "bf16" (dequantized).
+
+    Unset, a .gguf file on CPU in bf16 takes "gguf" where the kernel builds
+    and runs here, everything else "bf16" (the dequantized path in `dtype`,
+    the name kept for the CLI flag). Asked for, "gguf" needs a .gguf file and
+    the CPU; without the kernel it runs on the (slow) torch fallback.
+    """
+    if weights is not None and weights not in WEIGHT_FORMATS:
+        raise AuguryError(f"unknown weights '{weights}' (choose from {', '.join(WEIGHT_FORMATS)})")
+    is_gguf = source.is_file() and source.suffix == ".gguf"
+    if weights == "gguf":
+        if not is_gguf:
+            raise AuguryError(f"weights 'gguf' needs a .gguf file, but {source} is not one (use weights 'bf16')")
+        if device.type != "cpu":
+            raise AuguryError(f"weights 'gguf' runs on the CPU only, not on {device}")
+        return "gguf"
+    if weights == "bf16" or not is_gguf or device.type != "cpu" or dtype != torch.bfloat16:
+        return "bf16"
+    from augury.kernels.extension import extension
+
+    return "gguf" if extension() is not None else "bf16"
+
+
+def _native_cache_name(dtype: torch.dtype) -> str:
+    """File name of cached repacked weights: keyed by the kernel layout's source, which defines the bytes."""
+    from augury.kernels import packing
+
+    key = hashlib.sha256(Path(packing.__file__).read_bytes()).hexdigest()[:12]
+    return f"native-{key}-{_dtype_name(dtype)}"
+
+
+def _save_native(folder: Path, config: ModelConfig, tokenizer: Tokenizer, flat: dict, dtype: torch.dtype) -> None:
+    """Cache a native load: packed block buffers and plain tensors in one safetensors file, part lists in json."""
+    from safetensors.torch import save_file
+
+    from augury.kernels.weight import GgufWeight
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
+    tokenizer.save(folder)
+    tensors, index = {}, {}
+    for name, value in flat.items():
+        if isinstance(value, GgufWeight):
+            index[name] = {"in": value.shape[1], "parts": [[p.kind, p.rows] for p in value.parts]}
+            for k, part in enumerate(value.parts):
+                tensors[f"{name}.part{k}"] = part.data
+        else:
+            tensors[name] = value
+    base = folder / _native_cache_name(dtype)
+    tmp = base.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, base.with_suffix(".safetensors"))
+    base.with_suffix(".json").write_text(json.dumps(index))
+
+
+def _load_native(folder: Path, dtype: torch.dtype) -> dict | None:
+    """A cached native load (copied out of the mapped file), or None if there is none."""
+    from safetensors.torch import load_file
+
+    from augury.kernels.weight import GgufWeight
+
+    base = folder / _native_cache_name(dtype)
+    if not base.with_suffix(".json").exists() or not base.with_suffix(".safetensors").exists():
+        return None
+    index = json.loads(base.with_suffix(".json").read_text())
+    tensors = {name: t.clone() for name, t in load_file(str(base.with_suffix(".safetensors"))).items()}
+    flat = {name: t for name, t in tensors.items() if name.rsplit(".part", 1)[0] not in index}
+    for name, entry in index.items():
+        parts = [(kind, rows, tensors[f"{name}.part{k}"]) for k, (kind, rows) in enumerate(entry["parts"])]
+        flat[name] = GgufWeight.from_packed(parts, entry["in"], dtype=dtype)
+    return flat
+
+
+def _load_native_flat(source: Path, cached: Path | None, dtype: torch.dtype, progress: bool):
+    """(config, tokenizer, flat) for weights="gguf": from the cache if there, else read from the file."""
+    from augury.kernels.extension import extension
+    from augury.models import gguf
+
+    if cached is not None and extension() is not None and (cached / "config.json").exists():
+        flat = _load_native(cached, dtype)
+        if flat is not None:
+            config = ModelConfig(**json.loads((cached / "config.json").read_text()))
+            return config, Tokenizer.load(cached), flat
+    reader = gguf.open_gguf(source)
+    config = gguf.read_config(reader, source)
+    tokenizer = gguf.read_tokenizer(source)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        total = sum(int(t.n_bytes) for t in reader.tensors)
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"repacking {source.name}", file=sys.stderr)
+    try:
+        flat = gguf.read_native_weights(
+            reader, config, source, dtype,
+            progress=bar.update if bar else None,
+            warn=lambda line: print(f"augury: {line}", file=sys.stderr),
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    if cached is not None and extension() is not None:
+        _save_native(cached, config, tokenizer, flat, dtype)
+    return config, tokenizer, flat
+
+
+def _native_model(
+    config: ModelConfig, flat: dict, dtype: torch.dtype, device: torch.device, cached: Path | None, exact: bool
+) -> Decoder:
+    """The decoder over native weights; plain matmul weights (block types the kernel lacks) packed for oneDNN.
+
+    The row padding is calibrated like any other load's (`GgufWeight` rows are
+    invariant for every row count, so an all-native model measures no padding),
+    on a layer made of the most restrictive weights: calibration looks at one
+    layer, and a per-tensor fallback may sit in any layer.
+    """
+    weights = weights_from_flat(flat, config)
+    if onednn_packing_available(dtype, device):
+        for layer in weights.layers:
+            for name in LINEAR_FIELDS:
+                if isinstance(getattr(layer, name), torch.Tensor):
+                    setattr(layer, name, OneDnnWeight(getattr(layer, name)))
+        if isinstance(weights.lm_head, torch.Tensor):
+            tied = weights.lm_head is weights.embed
+            weights.lm_head = OneDnnWeight(weights.lm_head, shared_dense=weights.embed if tied else None)
+    from augury.kernels.weight import GgufWeight
+
+    probe_layer = replace(weights.layers[0], **{
+        name: next((m for m in (getattr(la, name) for la in weights.layers) if not isinstance(m, GgufWeight)),
+                   getattr(weights.layers[0], name))
+        for name in LINEAR_FIELDS
+    })
+    probe = replace(weights, layers=[probe_layer])
+    return Decoder(config, weights, exact=exact, padding=_padding(probe, dtype, device, cached, exact))
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -166,6 +309,7 @@ def load_model(
     pack: bool = True,
     use_cache: bool = True,
     progress: bool = True,
+    weights: str | None = None,
 ) -> Model:
     """Load a known model name (pulled on first use), a .gguf file or a Hugging Face folder.
 
@@ -174,6 +318,9 @@ def load_model(
     equal to plain decoding (see decoder.py).
     pack: store bf16 matmul weights in oneDNN's packed layout where that runs
     (decode steps about 1.7x faster on the development CPU; see `OneDnnWeight`).
+    weights: "gguf" multiplies a GGUF file's own blocks (augury.kernels; about
+    the file's size in memory), "bf16" dequantizes them to `dtype`; unset picks
+    "gguf" for a .gguf file on CPU in bf16 where the kernel runs (`resolve_weights`).
     """
     from augury.models.store import augury_home, resolve
 
@@ -181,6 +328,10 @@ def load_model(
     torch_device = parse_device(device)
     source = resolve(name_or_path, offline=offline)
     cached = _cache_dir(source, augury_home()) if use_cache else None
+    if resolve_weights(weights, source, torch_dtype, torch_device) == "gguf":
+        config, tokenizer, flat = _load_native_flat(source, cached, torch_dtype, progress)
+        decoder = _native_model(config, flat, torch_dtype, torch_device, cached, exact)
+        return Model(name=name_or_path, decoder=decoder, tokenizer=tokenizer, source=source)
     weights_file = cached / f"weights-{_dtype_name(torch_dtype)}.safetensors" if cached else None
     if weights_file is not None and weights_file.exists():
         from safetensors.torch import load_file

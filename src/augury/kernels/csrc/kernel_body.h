@@ -1,0 +1,212 @@
+// The GGUF matmul kernel, written once over a small set of vector operations (namespace `ops`).
+//
+// gguf_matmul.cpp includes this file twice, inside `#pragma GCC target` regions for
+// AVX-512 (VNNI) and for AVX2, each time after defining `ops` for that instruction set,
+// so both variants run the same loop with the same arithmetic and order.
+//
+// Layout (see augury/kernels/packing.py, which writes it): a weight matrix is cut into
+// tiles of 16 output columns; a tile stores its groups (256 `in` values for the K
+// formats, 32 for the others) one after another, and a group holds, per sub-block of
+// 32 `in` values, 8 vectors of unpacked quants in VNNI order (vector g, byte 4c + i =
+// quant of column c at in-offset 4g + i), 4-bit planes packed two vectors per 64 bytes
+// (low nibble: vector p, high nibble: vector p + 4), 5th/6th bits as extra planes, then
+// the per-column scales of the group.
+//
+// Arithmetic per activation row r, column tile and sub-block j (see reference.py):
+//   i   = sum_k q[c, k] * xq[r, k] - zero * sum_k xq[r, k]        (int32, exact)
+//   acc = fma(float(i) * dx[r, j], scale[c, j], acc)               (fp32)
+//   acc = fma(min[c, j], dx[r, j] * sum_k xq[r, k], acc)           (formats with a min)
+// (Q6_K, with two 16-value sub-blocks per 32: t = fma(float(i1), scale1, float(i0) * scale0),
+// acc = fma(t, dx, acc)),
+// in ascending j, independently of the other rows: a row's result does not depend on
+// how many rows share the call.
+
+namespace body {
+
+using ops::F;
+using ops::I;
+
+// Quantized activation rows (shared by all tiles of a call).
+struct Rows {
+  const int8_t* xq;     // [R][n_in]
+  const float* dx;      // [R][nb32]
+  const float* xsum;    // [R][nb32]  dx * sum of xq over each 32 (the dequantized block's sum)
+  const int32_t* off8;  // [R][nb32]  -8 * sum of xq over each 32
+  const int32_t* off16; // [R][nb32]  -16 * ...
+  const int32_t* offq8; // [R][nb32]  -ops::kQ8Zero * ...
+  const int32_t* off32h;// [R][2 * nb32]  -32 * sum of xq over each 16
+  int64_t n_in;
+  int64_t nb32;
+};
+
+// Quantize R rows of x (fp32) per block of 32: dx = amax / 127, xq = round-half-even(x * (127 / amax)).
+static void quantize_rows(const float* x, int64_t R, int64_t n_in, int8_t* xq, float* dx, float* xsum,
+                          int32_t* off8, int32_t* off16, int32_t* offq8, int32_t* off32h) {
+  const int64_t nb = n_in / 32;
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + r * n_in + b * 32;
+      const float amax = ops::amax32(xb);
+      const float d = amax / 127.0f;
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t s0 = 0, s1 = 0;
+      ops::quant32(xb, inv, xq + r * n_in + b * 32, &s0, &s1);
+      const int64_t i = r * nb + b;
+      dx[i] = d;
+      xsum[i] = d * static_cast<float>(s0 + s1);
+      off8[i] = -8 * (s0 + s1);
+      off16[i] = -16 * (s0 + s1);
+      offq8[i] = -ops::kQ8Zero * (s0 + s1);
+      off32h[2 * i] = -32 * s0;
+      off32h[2 * i + 1] = -32 * s1;
+    }
+  }
+}
+
+template <int SHIFT>
+static inline I shift16(I v) {
+  if constexpr (SHIFT > 0) return ops::sll16<SHIFT>(v);
+  else if constexpr (SHIFT < 0) return ops::srl16<-SHIFT>(v);
+  else return v;
+}
+
+// The 8 quant vectors of one sub-block; `p` points at its packed bytes.
+template <int KIND>
+static inline void unpack(const uint8_t* p, I* w) {
+  if constexpr (KIND == Q8_0) {
+    for (int g = 0; g < 8; ++g) w[g] = ops::load(p + 64 * g);
+  } else {
+    const I nib = ops::set1_u8(0x0F);
+    for (int i = 0; i < 4; ++i) {
+      const I v = ops::load(p + 64 * i);
+      w[i] = ops::and_(v, nib);
+      w[i + 4] = ops::and_(ops::srl16<4>(v), nib);
+    }
+    if constexpr (KIND == Q5_0 || KIND == Q5_1 || KIND == Q5_K) {
+      const I h = ops::load(p + 256);
+      const I bit = ops::set1_u8(0x10);
+      w[0] = ops::or_and(w[0], shift16<4>(h), bit);
+      w[1] = ops::or_and(w[1], shift16<3>(h), bit);
+      w[2] = ops::or_and(w[2], shift16<2>(h), bit);
+      w[3] = ops::or_and(w[3], shift16<1>(h), bit);
+      w[4] = ops::or_and(w[4], h, bit);
+      w[5] = ops::or_and(w[5], shift16<-1>(h), bit);
+      w[6] = ops::or_and(w[6], shift16<-2>(h), bit);
+      w[7] = ops::or_and(w[7], shift16<-3>(h), bit);
+    }
+    if constexpr (KIND == Q6_K) {
+      const I h0 = ops::load(p + 256), h1 = ops::load(p + 320);
+      const I bits = ops::set1_u8(0x30);
+      w[0] = ops::or_and(w[0], shift16<4>(h0), bits);
+      w[1] = ops::or_and(w[1], shift16<2>(h0), bits);
+      w[2] = ops::or_and(w[2], h0, bits);
+      w[3] = ops::or_and(w[3], shift16<-2>(h0), bits);
+      w[4] = ops::or_and(w[4], shift16<4>(h1), bits);
+      w[5] = ops::or_and(w[5], shift16<2>(h1), bits);
+      w[6] = ops::or_and(w[6], h1, bits);
+      w[7] = ops::or_and(w[7], shift16<-2>(h1), bits);
+    }
+  }
+}
+
+// One tile of 16 columns for rows [r0, r0 + nr): acc[r][c] accumulates as in the header.
+template <int KIND>
+static void tile_rows(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, int64_t nr, float* acc) {
+  constexpr Layout L = layout(KIND);
+  constexpr bool kFormatK = KIND == Q4_K || KIND == Q5_K || KIND == Q6_K;
+  constexpr bool kMin = KIND == Q4_1 || KIND == Q5_1 || KIND == Q4_K || KIND == Q5_K;
+  const int32_t* off = KIND == Q4_0 ? a.off8 : KIND == Q5_0 ? a.off16 : KIND == Q8_0 ? a.offq8 : nullptr;
+  const bool has_off = off != nullptr && (KIND != Q8_0 || ops::kQ8Zero != 0);
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    const uint8_t* gp = tile + grp * L.group_bytes;
+    const uint8_t* sp = gp + L.subs * L.sub_bytes;  // the group's scales
+    F d = ops::zero_f(), dmin = ops::zero_f();
+    if constexpr (kFormatK) {
+      d = ops::load_f16(sp + 256);
+      if constexpr (KIND != Q6_K) dmin = ops::load_f16(sp + 288);
+    }
+    for (int s = 0; s < L.subs; ++s) {
+      I w[8];
+      unpack<KIND>(gp + s * L.sub_bytes, w);
+      auto wq = ops::prepare<KIND == Q8_0>(w);
+      F sa, sb = ops::zero_f(), mn = ops::zero_f();
+      if constexpr (KIND == Q6_K) {
+        sa = ops::mul(d, ops::load_s8f(sp + 32 * s));
+        sb = ops::mul(d, ops::load_s8f(sp + 32 * s + 16));
+      } else if constexpr (kFormatK) {
+        sa = ops::mul(d, ops::load_u8f(sp + 16 * s));
+        mn = ops::mul(dmin, ops::load_u8f(sp + 128 + 16 * s));
+      } else {
+        sa = ops::load_f16(sp);
+        if constexpr (kMin) mn = ops::load_f16(sp + 32);
+      }
+      const int64_t kb = grp * L.subs + s;  // global 32-block index
+      for (int64_t r = 0; r < nr; ++r) {
+        const int64_t rr = r0 + r;
+        const int8_t* x = a.xq + rr * a.n_in + kb * 32;
+        const int64_t ib = rr * a.nb32 + kb;
+        F t;
+        if constexpr (KIND == Q6_K) {
+          I i0 = ops::bcast_i32(a.off32h + 2 * ib);
+          I i1 = ops::bcast_i32(a.off32h + 2 * ib + 1);
+          for (int g = 0; g < 4; ++g) {
+            i0 = ops::dot(i0, wq, g, x + 4 * g);
+            i1 = ops::dot(i1, wq, g + 4, x + 16 + 4 * g);
+          }
+          t = ops::fma(ops::cvt(i1), sb, ops::mul(ops::cvt(i0), sa));
+          ops::store_f(acc + 16 * r, ops::fma(t, ops::bcast_f(a.dx[ib]), ops::load_f(acc + 16 * r)));
+        } else {
+          I i0 = has_off ? ops::bcast_i32(off + ib) : ops::zero_i();
+          I i1 = ops::zero_i();
+          for (int g = 0; g < 4; ++g) {
+            i0 = ops::dot(i0, wq, g, x + 4 * g);
+            i1 = ops::dot(i1, wq, g + 4, x + 16 + 4 * g);
+          }
+          t = ops::mul(ops::cvt(ops::add_i(i0, i1)), ops::bcast_f(a.dx[ib]));
+          F f = ops::fma(t, sa, ops::load_f(acc + 16 * r));
+          if constexpr (KIND == Q4_K || KIND == Q5_K) f = ops::fnma(mn, ops::bcast_f(a.xsum[ib]), f);
+          else if constexpr (kMin) f = ops::fma(mn, ops::bcast_f(a.xsum[ib]), f);
+          ops::store_f(acc + 16 * r, f);
+        }
+      }
+    }
+  }
+}
+
+constexpr int64_t kRowChunk = 64;
+
+// Columns [0, n_cols) of one tile for all R rows, written into y (row stride ldy) with bias.
+template <int KIND>
+static void run_tile(const uint8_t* tile, int64_t groups, const Rows& a, int64_t R, int64_t n_cols,
+                     const float* bias, void* y, bool bf16_out, int64_t ldy) {
+  alignas(64) float acc[kRowChunk * 16];
+  for (int64_t r0 = 0; r0 < R; r0 += kRowChunk) {
+    const int64_t nr = std::min<int64_t>(kRowChunk, R - r0);
+    for (int64_t i = 0; i < nr * 16; ++i) acc[i] = 0.0f;
+    tile_rows<KIND>(tile, groups, a, r0, nr, acc);
+    for (int64_t r = 0; r < nr; ++r) {
+      F v = ops::load_f(acc + 16 * r);
+      if (bias != nullptr) v = ops::add(v, ops::load_partial_f(bias, n_cols));
+      if (bf16_out) ops::store_bf16(static_cast<uint16_t*>(y) + (r0 + r) * ldy, v, n_cols);
+      else ops::store_partial_f(static_cast<float*>(y) + (r0 + r) * ldy, v, n_cols);
+    }
+  }
+}
+
+using TileFn = void (*)(const uint8_t*, int64_t, const Rows&, int64_t, int64_t, const float*, void*, bool, int64_t);
+
+static TileFn tile_fn(int kind) {
+  switch (kind) {
+    case Q4_0: return run_tile<Q4_0>;
+    case Q4_1: return run_tile<Q4_1>;
+    case Q5_0: return run_tile<Q5_0>;
+    case Q5_1: return run_tile<Q5_1>;
+    case Q8_0: return run_tile<Q8_0>;
+    case Q4_K: return run_tile<Q4_K>;
+    case Q5_K: return run_tile<Q5_K>;
+    case Q6_K: return run_tile<Q6_K>;
+  }
+  return nullptr;
+}
+
+}  // namespace body

@@ -1,0 +1,232 @@
+"""The GGUF kernel against its plain-torch reference, and the reference against the gguf package."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from augury.kernels import extension as ext_module
+from augury.kernels import packing, reference
+from augury.kernels.weight import GgufWeight, fallback_matmul
+
+KINDS = reference.KINDS
+OUT, IN = 37, 512  # 37: a partial last tile of 16 columns; 512: two 256-value K blocks
+ROWS = 33  # one more than the decode/verification range, so a second row chunk is never needed but tails are
+
+
+@pytest.fixture(scope="module")
+def ext():
+    module = ext_module.extension()
+    if module is None:
+        pytest.skip("the GGUF kernel extension cannot be built here")
+    return module
+
+
+def _isas() -> list[str]:
+    module = ext_module.extension()
+    return module.available_isas() if module is not None else []
+
+
+def _blocks(kind: str, out: int = OUT, n_in: int = IN, seed: int = 0) -> torch.Tensor:
+    return reference.random_blocks(kind, out, n_in, torch.Generator().manual_seed(seed))
+
+
+def _x(rows: int = ROWS, n_in: int = IN, seed: int = 1) -> torch.Tensor:
+    # Heavy-tailed rows with an outlier per row, like real hidden states.
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n_in, generator=gen) * torch.rand(rows, 1, generator=gen).add(0.1)
+    x[torch.arange(rows), torch.randint(0, n_in, (rows,), generator=gen)] *= 20
+    return x
+
+
+def _kernel(ext, x, parts, isa, bias=None):
+    return ext.linear(x, [packing.pack(reference.decode(k, raw)) for k, raw in parts],
+                      [packing.KIND_ID[k] for k, _ in parts], [raw.shape[0] for _, raw in parts], bias, isa)
+
+
+# --- the reference ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reference_dequantizes_bitwise_like_the_gguf_package(kind):
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[kind]
+    cases = [_blocks(kind)]
+    w = np.random.default_rng(0).standard_normal((OUT, IN)).astype(np.float32)
+    cases.append(reference.quantize(kind, torch.from_numpy(w)))  # the gguf package's quantizer where it has one
+    for raw in cases:
+        ours = reference.dequantize(kind, raw)
+        theirs = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), qtype))
+        assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32)), f"{kind}: not bitwise gguf's values"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_quantizer_round_trips_within_its_step(kind):
+    w = torch.randn(OUT, IN, generator=torch.Generator().manual_seed(3)) * 0.1
+    err = float((reference.dequantize(kind, reference.quantize(kind, w)) - w).norm() / w.norm())
+    bits = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q8_0": 8}[kind]
+    assert err < 2.0 ** (1 - bits), f"{kind}: relative error {err:.3f} is more than a {bits}-bit grid gives"
+
+
+def test_bad_blocks_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="unsupported block type Q2_K"):
+        reference.decode("Q2_K", torch.zeros(1, 84, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="not whole 144-byte blocks"):
+        reference.decode("Q4_K", torch.zeros(1, 100, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="disagree on the input size"):
+        GgufWeight([("Q8_0", torch.zeros(2, 34, dtype=torch.uint8)), ("Q8_0", torch.zeros(2, 68, dtype=torch.uint8))])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pack_then_unpack_is_exact(kind):
+    dec = reference.decode(kind, _blocks(kind))
+    back = packing.unpack(packing.pack(dec), kind, OUT, IN)
+    assert torch.equal(back.q, dec.q)
+    for name, field in dec.fields.items():
+        assert torch.equal(back.fields[name].reshape(field.shape).view(torch.uint8), field.view(torch.uint8)), name
+
+
+def test_packed_layout_is_the_extensions(ext):
+    for kind, lay in packing.LAYOUTS.items():
+        assert list(ext.layout(packing.KIND_ID[kind])) == [lay.group_k, lay.subs, lay.sub_bytes, lay.group_bytes]
+
+
+# --- the kernel ---------------------------------------------------------------------------------
+
+
+def _accumulation_slack(size: torch.Tensor, n_in: int) -> torch.Tensor:
+    """What fp32 sums of n_in / 16 sub-block terms in another order may differ by: (J + 8) ulps of sum |terms|."""
+    return (n_in // 16 + 8) * 2.0**-24 * size
+
+
+@pytest.mark.parametrize("isa", _isas())
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernel_matches_reference_for_every_row_count(ext, kind, isa):
+    raw = _blocks(kind)
+    x = _x()
+    want, size = reference.kernel_matmul(x, kind, raw)
+    for rows in range(1, ROWS + 1):
+        got = _kernel(ext, x[:rows], [(kind, raw)], isa)
+        err = (got.double() - want[:rows]).abs()
+        assert (err <= _accumulation_slack(size[:rows], IN)).all(), (
+            f"{kind} {isa} rows={rows}: off the reference by {float((err / size[:rows]).max()):.2e} of sum |terms|"
+        )
+
+
+@pytest.mark.parametrize("isa", _isas())
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernel_rows_are_bitwise_batch_invariant(ext, kind, isa):
+    """Row i of a T-row call is bitwise the 1-row call on that row, for T = 1..33: what lossless greedy needs."""
+    raw = _blocks(kind, seed=2)
+    x = _x(seed=5).bfloat16()
+    parts = [(kind, raw)]
+    alone = torch.cat([_kernel(ext, x[i : i + 1], parts, isa) for i in range(ROWS)])
+    for rows in range(1, ROWS + 1):
+        block = _kernel(ext, x[:rows], parts, isa)
+        assert torch.equal(block.view(torch.int16), alone[:rows].view(torch.int16)), f"{kind} {isa}: T={rows}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernel_is_within_the_stated_bound_of_the_fp32_matmul(ext, kind):
+    """|kernel - x @ W^T| <= sum_k |w_k| dx / 2 (int8 activations) + accumulation slack; and it is not exact."""
+    raw = _blocks(kind, seed=4)
+    x = _x(seed=6)
+    got = _kernel(ext, x, [(kind, raw)], "auto").double()
+    exact = reference.reference_matmul(x.double(), kind, raw).double()
+    _, size = reference.kernel_matmul(x, kind, raw)
+    bound = reference.error_bound(x, kind, raw) + _accumulation_slack(size, IN)
+    err = (got - exact).abs()
+    assert (err <= bound).all(), f"{kind}: error {float((err / bound).max()):.2f}x the bound"
+    assert float(err.max()) > 0, "int8 activations cannot be exact on random data: is the bound test blind?"
+
+
+@pytest.mark.parametrize("n_in", [256, 768])
+def test_parts_bias_tails_and_bf16_output(ext, n_in):
+    """Stacked parts of mixed types equal separate calls; bias is added in fp32; bf16 output is the rounded fp32."""
+    parts = [("Q4_K", _blocks("Q4_K", 40, n_in, 1)), ("Q6_K", _blocks("Q6_K", 3, n_in, 2)),
+             ("Q8_0", _blocks("Q8_0", 21, n_in, 3))]
+    x = _x(7, n_in)
+    bias = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    joint = _kernel(ext, x, parts, "auto", bias)
+    alone = torch.cat([_kernel(ext, x, [p], "auto") for p in parts], dim=1) + bias
+    assert torch.equal(joint, alone)
+    as_bf16 = _kernel(ext, x.bfloat16(), parts, "auto", bias.bfloat16())
+    fp32_of_bf16 = _kernel(ext, x.bfloat16().float(), parts, "auto", bias.bfloat16().float())
+    assert as_bf16.dtype == torch.bfloat16 and torch.equal(as_bf16, fp32_of_bf16.bfloat16())
+
+
+def test_two_threads_give_the_same_bits(ext):
+    parts = [("Q4_K", _blocks("Q4_K", 200, 512, 8)), ("Q6_K", _blocks("Q6_K", 56, 512, 9))]
+    x = _x(5)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _kernel(ext, x, parts, "auto")
+        torch.set_num_threads(2)
+        two = _kernel(ext, x, parts, "auto")
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+# --- GgufWeight and its fallback -----------------------------------------------------------------
+
+
+def test_weight_linear_dense_and_head_slices(ext):
+    parts = [("Q4_K", _blocks("Q4_K", 40, IN, 1)), ("Q6_K", _blocks("Q6_K", 29, IN, 2))]
+    w = GgufWeight(parts, dtype=torch.float32)
+    assert w.shape == (69, IN) and w.kinds == ["Q4_K", "Q6_K"]
+    dense = torch.cat([reference.dequantize(k, raw) for k, raw in parts])
+    assert torch.equal(w.dense(), dense)
+    x = _x(ROWS, seed=4).reshape(3, 11, IN)  # any leading shape
+    y = w.linear(x, None)
+    assert y.shape == (3, 11, 69)
+    for rows in (slice(None, 30), slice(0, 45), slice(None, 69)):  # prefixes share storage
+        part = w[rows]
+        assert torch.equal(part.linear(x, None), y[..., rows])
+    middle = w[10:50]  # anything else is repacked
+    assert torch.equal(middle.dense(), dense[10:50])
+    assert torch.equal(middle.linear(x, None), y[..., 10:50])
+
+
+@pytest.fixture
+def no_extension(monkeypatch, capfd):
+    """The extension as a machine without a compiler sees it; the cached real one is restored afterwards."""
+
+    def fail():
+        raise RuntimeError("simulated: no compiler")
+
+    monkeypatch.setattr(ext_module, "_build", fail)
+    ext_module.extension.cache_clear()
+    capfd.readouterr()
+    yield
+    monkeypatch.undo()
+    ext_module.extension.cache_clear()
+
+
+def test_fallback_is_announced_once_and_computes_the_kernels_numbers(ext, no_extension, capfd):
+    parts = [("Q4_K", _blocks("Q4_K", 40, IN, 1)), ("Q5_0", _blocks("Q5_0", 9, IN, 2))]
+    x = _x(9)
+    with_kernel = GgufWeight(parts, kernel=ext, dtype=torch.float32).linear(x, None)
+    slow = GgufWeight(parts, dtype=torch.float32)
+    again = GgufWeight(parts, dtype=torch.float32)
+    err_lines = [line for line in capfd.readouterr().err.splitlines() if line]
+    assert len(err_lines) == 1 and "unavailable" in err_lines[0] and "simulated: no compiler" in err_lines[0]
+    assert slow.kernel is None and again.kernel is None
+    got = slow.linear(x, None)
+    want = torch.cat([reference.kernel_matmul(x, k, raw)[0] for k, raw in parts], dim=1)
+    size = torch.cat([reference.kernel_matmul(x, k, raw)[1] for k, raw in parts], dim=1)
+    assert ((got.double() - want).abs() <= _accumulation_slack(size, IN)).all()
+    assert ((got - with_kernel).abs().double() <= 2 * _accumulation_slack(size, IN)).all()
+    assert torch.equal(slow[:20].linear(x, None), got[:, :20])
+
+
+def test_fallback_rows_are_bitwise_batch_invariant(no_extension):
+    parts = [("Q6_K", _blocks("Q6_K", 24, IN, 3)), ("Q4_1", _blocks("Q4_1", 8, IN, 4))]
+    decoded = [reference.decode(k, raw) for k, raw in parts]
+    x = _x(10)[:9]
+    alone = torch.cat([fallback_matmul(x[i : i + 1], decoded) for i in range(9)])
+    for rows in range(1, 10):
+        assert torch.equal(fallback_matmul(x[:rows], decoded), alone[:rows]), f"T={rows}"

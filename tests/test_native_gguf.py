@@ -1,0 +1,296 @@
+"""Loading a GGUF's own blocks (weights="gguf"): tiny files written here, compared with the dequantized path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from augury.errors import AuguryError
+from augury.kernels import extension as ext_module
+from augury.kernels import reference
+from augury.kernels.weight import GgufWeight
+from augury.models.loader import load_model
+
+VOCAB = 93  # not a multiple of the kernel's 16-column tiles: the head has a tail
+HIDDEN, INTER, HEADS, KV_HEADS, LAYERS = 256, 512, 4, 2, 2
+HEAD_DIM = HIDDEN // HEADS
+
+# Block type per tensor, as a Q4_K_M file mixes them (v and some down projections in Q6_K).
+TYPES = {
+    "token_embd.weight": "Q4_K",
+    "output.weight": "Q6_K",
+    "attn_q.weight": "Q4_K",
+    "attn_k.weight": "Q4_K",
+    "attn_v.weight": "Q6_K",
+    "attn_output.weight": "Q4_K",
+    "ffn_gate.weight": "Q4_K",
+    "ffn_up.weight": "Q5_K",
+    "blk.0.ffn_down.weight": "Q6_K",
+    "blk.1.ffn_down.weight": "Q8_0",
+}
+PROMPT = [5, 17, 33, 2, 61, 40, 40, 9, 77, 12]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernel_built_once():
+    """Build (or find) the extension under the real home before tests point AUGURY_HOME at temporary folders."""
+    if ext_module.extension() is None:
+        pytest.skip("the GGUF kernel extension cannot be built here")
+
+
+def _type_of(name: str, odd: dict[str, str]) -> str | None:
+    if name in odd:
+        return odd[name]
+    if name in TYPES:
+        return TYPES[name]
+    return TYPES.get(name.split(".", 2)[-1])
+
+
+def _q2_k_blocks(rows: int, n_in: int, gen: torch.Generator) -> np.ndarray:
+    """Random Q2_K blocks (a format the kernel does not cover) with finite fp16 scales."""
+    n = rows * n_in // 256
+    blocks = torch.randint(0, 256, (n, 84), dtype=torch.uint8, generator=gen)
+    for pos in (80, 82):
+        blocks[:, pos : pos + 2] = (torch.rand(n, generator=gen) * 0.002 + 0.0005).half().view(torch.uint8).view(n, 2)
+    return blocks.reshape(rows, -1).numpy()
+
+
+def write_gguf(path: Path, arch: str = "qwen2", *, tied: bool = False, odd: dict[str, str] | None = None) -> Path:
+    """A tiny random model as a GGUF file with mixed block types (see TYPES; `odd` overrides some)."""
+    import gguf
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    odd = odd or {}
+    gen = torch.Generator().manual_seed(11)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(256)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(INTER)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+    chars = list(bytes_to_unicode().values())[: VOCAB - 2]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(["<s>", "</s>", *chars])
+    writer.add_token_types([3, 3] + [1] * len(chars))
+    writer.add_token_merges([])
+    writer.add_token_scores([0.0] * VOCAB)
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+
+    def add(name: str, rows: int, cols: int, std: float) -> None:
+        kind = _type_of(name, odd)
+        if kind == "Q2_K":
+            writer.add_tensor(name, _q2_k_blocks(rows, cols, gen), raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+            return
+        w = torch.randn(rows, cols, generator=gen) * std
+        raw = reference.quantize(kind, w)
+        writer.add_tensor(name, raw.numpy(), raw_dtype=gguf.GGMLQuantizationType[kind])
+
+    def add_plain(name: str, values: torch.Tensor) -> None:
+        writer.add_tensor(name, values.float().numpy())
+
+    add("token_embd.weight", VOCAB, HIDDEN, 1.0)
+    add_plain("output_norm.weight", 1 + 0.1 * torch.randn(HIDDEN, generator=gen))
+    if not tied:
+        add("output.weight", VOCAB, HIDDEN, 0.1)
+    kv = KV_HEADS * HEAD_DIM
+    for i in range(LAYERS):
+        p = f"blk.{i}."
+        add_plain(p + "attn_norm.weight", 1 + 0.1 * torch.randn(HIDDEN, generator=gen))
+        add_plain(p + "ffn_norm.weight", 1 + 0.1 * torch.randn(HIDDEN, generator=gen))
+        add(p + "attn_q.weight", HIDDEN, HIDDEN, 0.08)
+        add(p + "attn_k.weight", kv, HIDDEN, 0.08)
+        add(p + "attn_v.weight", kv, HIDDEN, 0.08)
+        add(p + "attn_output.weight", HIDDEN, HIDDEN, 0.06)
+        add(p + "ffn_gate.weight", INTER, HIDDEN, 0.06)
+        add(p + "ffn_up.weight", INTER, HIDDEN, 0.06)
+        add(p + "ffn_down.weight", HIDDEN, INTER, 0.05)
+        if arch == "qwen2":
+            for n, size in (("q", HIDDEN), ("k", kv), ("v", kv)):
+                add_plain(p + f"attn_{n}.bias", 0.1 * torch.randn(size, generator=gen))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _load(path: Path, home: Path, monkeypatch, **kw):
+    monkeypatch.setenv("AUGURY_HOME", str(home))
+    return load_model(str(path), progress=False, **kw)
+
+
+def _logits(model, tokens: list[int] = PROMPT) -> torch.Tensor:
+    decoder = model.decoder
+    return decoder.forward(torch.tensor([tokens]), decoder.new_cache(1, 64)).float()
+
+
+def _matmuls(model) -> list:
+    w = model.decoder.weights
+    return [m for layer in w.layers for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)] + [w.lm_head]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_native_blocks_give_the_dequantized_models_logits(arch, tmp_path, monkeypatch):
+    """Native fp32-activation logits stay within 3% (of the largest logit) of the fp32 dequantized model's.
+
+    The only difference is the kernel's int8 rounding of activations (each
+    matmul within reference.error_bound, tested in test_kernels.py), which
+    this random model amplifies to 1.4-1.5% through two layers. With bf16
+    activations (the default) the bound is 5%. A wrong block order (say, q/k
+    rows of llama not un-permuted as whole block rows) gives errors of order 1.
+    """
+    path = write_gguf(tmp_path / "tiny.gguf", arch)
+    exact = _load(path, tmp_path / "home", monkeypatch, dtype="fp32", weights="bf16")
+    native32 = _load(path, tmp_path / "home", monkeypatch, dtype="fp32", weights="gguf")
+    native16 = _load(path, tmp_path / "home", monkeypatch, dtype="bf16", weights="gguf")
+    assert all(isinstance(m, GgufWeight) for m in _matmuls(native32))
+    assert native16.decoder.weights.layers[0].wqkv.kinds == ["Q4_K", "Q4_K", "Q6_K"]
+    assert native16.decoder.weights.layers[1].w_down.kinds == ["Q8_0"]
+    ref = _logits(exact)
+    scale = float(ref.abs().max())
+    err32 = float((_logits(native32) - ref).abs().max()) / scale
+    err16 = float((_logits(native16) - ref).abs().max()) / scale
+    print(f"{arch}: native fp32 {err32:.4f}, native bf16 {err16:.4f} of the largest logit")
+    assert 0 < err32 < 0.03, f"native fp32 logits off by {err32:.2%} of the largest logit"
+    assert err16 < 0.05, f"native bf16 logits off by {err16:.2%} of the largest logit"
+
+
+def test_native_memory_is_about_the_file_and_the_cache_reloads_bitwise(tmp_path, monkeypatch):
+    import gguf
+
+    path = write_gguf(tmp_path / "tiny.gguf")
+    first = _load(path, tmp_path / "home", monkeypatch, weights="gguf")
+    block_bytes = sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors if t.tensor_type.name in TYPES.values()
+                      and t.name != "token_embd.weight")
+    held = sum(m.nbytes for m in _matmuls(first))
+    assert block_bytes <= held < 1.05 * block_bytes, f"{held} bytes held for {block_bytes} bytes of blocks"
+    assert list((tmp_path / "home" / "converted").glob("*/native-*.safetensors"))
+    again = _load(path, tmp_path / "home", monkeypatch, weights="gguf")
+    assert torch.equal(_logits(again), _logits(first))
+
+
+def test_tied_head_multiplies_the_embedding_blocks(tmp_path, monkeypatch):
+    path = write_gguf(tmp_path / "tied.gguf", tied=True)
+    model = _load(path, tmp_path / "home", monkeypatch, weights="gguf")
+    head = model.decoder.weights.lm_head
+    assert isinstance(head, GgufWeight) and head.kinds == ["Q4_K"] and head.shape == (VOCAB, HIDDEN)
+    embed = model.decoder.weights.embed
+    assert torch.equal(head.dense(), embed), "the embedding copy and the head are the same blocks"
+
+
+def test_row_padding_is_off_where_every_matmul_is_native(tmp_path, monkeypatch):
+    path = write_gguf(tmp_path / "tiny.gguf")
+    model = _load(path, tmp_path / "home", monkeypatch, weights="gguf")
+    assert model.decoder.pad_rows(1) == 1 and model.decoder.pad_rows(5) == 5, "calibration finds no padding needed"
+
+
+K_VALUES = [1, 2, 4, 8]
+CASES = ["ngram", "suffix", "model", "layerskip", "quantized"]
+
+
+@pytest.fixture(scope="module")
+def native_target(tmp_path_factory):
+    import os
+
+    folder = tmp_path_factory.mktemp("native")
+    path = write_gguf(folder / "tiny.gguf", "qwen2")
+    before = os.environ.get("AUGURY_HOME")
+    os.environ["AUGURY_HOME"] = str(folder / "home")
+    try:
+        return load_model(str(path), progress=False, weights="gguf")
+    finally:
+        if before is None:
+            del os.environ["AUGURY_HOME"]
+        else:
+            os.environ["AUGURY_HOME"] = before
+
+
+def _assert_greedy_speculation_is_plain(target, case: str, k: int) -> None:
+    from augury.engine import Engine
+    from augury.sampling import SamplingParams
+    from tests.proposer_cases import PROPOSER_CASES, make_proposer
+
+    (spec_case,) = [c for c in PROPOSER_CASES if c.name == case]
+    proposer = make_proposer(spec_case, target)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    drafted = 0
+    for prompt in (PROMPT, [3, 4, 5, 3, 4, 5, 3, 4]):
+        plain = Engine(target).generate(prompt, params)
+        spec = Engine(target, proposer, k=k).generate(prompt, params)
+        assert spec.token_ids == plain.token_ids, f"{case} K={k}: speculative greedy differs from plain"
+        drafted += spec.stats.drafted
+    assert drafted > 0, f"{case} K={k} never drafted: the equality proved nothing"
+
+
+@pytest.mark.parametrize("k", K_VALUES)
+@pytest.mark.parametrize("case", CASES)
+def test_greedy_speculative_equals_plain_on_native_weights(case, k, native_target):
+    """Bitwise: the kernel gives a row the same bits alone or inside a verification block, with no padding."""
+    _assert_greedy_speculation_is_plain(native_target, case, k)
+
+
+def test_weights_gguf_on_a_safetensors_folder_is_one_clear_error(tmp_path, monkeypatch):
+    from tests.tiny import hf_model, save_hf
+
+    folder = save_hf(hf_model("llama"), tmp_path / "hf")
+    with pytest.raises(AuguryError, match="weights 'gguf' needs a .gguf file"):
+        _load(folder, tmp_path / "home", monkeypatch, weights="gguf")
+    with pytest.raises(AuguryError, match="unknown weights 'int3'"):
+        _load(folder, tmp_path / "home", monkeypatch, weights="int3")
+
+
+def test_default_weights_are_native_for_bf16_gguf_only(tmp_path, monkeypatch):
+    path = write_gguf(tmp_path / "tiny.gguf")
+    default = _load(path, tmp_path / "home", monkeypatch)
+    assert isinstance(default.decoder.weights.layers[0].wqkv, GgufWeight)
+    fp32 = _load(path, tmp_path / "home", monkeypatch, dtype="fp32")
+    assert isinstance(fp32.decoder.weights.layers[0].wqkv, torch.Tensor)
+    bf16 = _load(path, tmp_path / "home", monkeypatch, weights="bf16")
+    assert not isinstance(bf16.decoder.weights.layers[0].wqkv, GgufWeight)
+
+
+def test_uncovered_block_type_falls_back_per_tensor_with_one_line(tmp_path, monkeypatch, capfd):
+    path = write_gguf(tmp_path / "q2.gguf", odd={"blk.1.ffn_down.weight": "Q2_K"})
+    capfd.readouterr()
+    model = _load(path, tmp_path / "home", monkeypatch, weights="gguf")
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("augury:")]
+    assert len(lines) == 1 and "blk.1.ffn_down.weight" in lines[0] and "Q2_K" in lines[0], lines
+    layers = model.decoder.weights.layers
+    assert isinstance(layers[0].w_down, GgufWeight) and not isinstance(layers[1].w_down, GgufWeight)
+    _assert_greedy_speculation_is_plain(model, "ngram", 4)
+    exact = _load(path, tmp_path / "home2", monkeypatch, dtype="fp32", weights="bf16")
+    ref = _logits(exact)
+    assert float((_logits(model) - ref).abs().max()) < 0.04 * float(ref.abs().max())
+
+
+def test_without_the_kernel_the_torch_fallback_runs_and_says_so(tmp_path, monkeypatch, capfd):
+    path = write_gguf(tmp_path / "tiny.gguf")
+    with_kernel = _logits(_load(path, tmp_path / "home", monkeypatch, weights="gguf", use_cache=False))
+
+    def fail():
+        raise RuntimeError("simulated: no compiler")
+
+    monkeypatch.setattr(ext_module, "_build", fail)
+    ext_module.extension.cache_clear()
+    try:
+        capfd.readouterr()
+        default = _load(path, tmp_path / "home", monkeypatch, use_cache=False)
+        lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("augury:")]
+        assert len(lines) == 1 and "simulated: no compiler" in lines[0], lines
+        assert not isinstance(default.decoder.weights.layers[0].wqkv, GgufWeight), "unset weights fall back to bf16"
+        model = _load(path, tmp_path / "home", monkeypatch, weights="gguf", use_cache=False)
+        assert all(isinstance(m, GgufWeight) and m.kernel is None for m in _matmuls(model))
+        fallback = _logits(model)
+    finally:
+        monkeypatch.undo()
+        ext_module.extension.cache_clear()
+    scale = float(with_kernel.abs().max())
+    assert float((fallback - with_kernel).abs().max()) < 0.02 * scale, "the fallback computes the kernel's numbers"
