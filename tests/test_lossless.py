@@ -141,7 +141,7 @@ def test_drafters_sample_from_the_q_draft_they_report(case, dtype, monkeypatch):
     engine = Engine(target, recorder, k=3)
     params = dict(temperature=0.9, top_k=8, top_p=0.95, repetition_penalty=1.2, frequency_penalty=0.3, max_tokens=20)
     for seed in range(6):
-        engine.generate([1, 2, 3, 4, 1, 2, 3][: 4 + seed % 4], SamplingParams(**params, seed=seed))
+        engine.generate([1, 2, 3, 4, 1, 2, 3][: 4 + seed % 4], SamplingParams(**params, seed=seed, coupling="rejection"))
     assert sum(len(draft) for draft, _, _ in recorder.records) > 0, f"{case.name} never drafted"
     for draft, draws, moved in recorder.records:
         if draft.q_draft is None:
@@ -261,7 +261,8 @@ def check_against_plain(label: str, results: list[GenerationResult], setting: st
 
 def seeded_params(setting: str, n: int) -> list[SamplingParams]:
     seeds = torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(1234)).tolist()
-    return [SamplingParams(**CHI_PARAMS[setting], max_tokens=CONTINUATION, seed=seed) for seed in seeds]
+    return [SamplingParams(**CHI_PARAMS[setting], max_tokens=CONTINUATION, seed=seed, coupling="rejection")
+            for seed in seeds]
 
 
 def scheduler_results(target, proposer, prompt: list[int], params: list[SamplingParams], k: int,

@@ -451,7 +451,7 @@ def test_batched_drafting_equals_drafting_one_sequence_at_a_time(temperature):
         proposer = DraftModelProposer(draft, 40, confidence=0.05 if temperature == 0 else 0.0)
         seqs = []
         for i, prompt in enumerate(prompts):
-            params = SamplingParams(temperature=temperature, seed=i, max_tokens=20)
+            params = SamplingParams(temperature=temperature, seed=i, max_tokens=20, coupling="rejection")
             seq = Sequence(list(prompt), params, generator=torch.Generator().manual_seed(i))
             proposer.start(seq)
             seqs.append(seq)

@@ -257,3 +257,36 @@ def test_min_tokens_holds_back_eos_and_stop_strings_in_speculation_like_plain():
     spec = Engine(model, make_proposer(PROPOSER_CASES[0], model), k=4).generate(prompt, params)
     assert len(plain.token_ids) >= 20 and 2 not in plain.token_ids[:20]
     assert spec.token_ids == plain.token_ids
+
+
+# -- coupled sampling through the drivers ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize("case", PROPOSER_CASES, ids=[c.name for c in PROPOSER_CASES])
+def test_a_seed_gives_the_same_text_with_or_without_speculation(case, temperature, target):
+    """Coupled sampling: for every drafter and K, alone in the engine or batched in the scheduler,
+    a seeded request's tokens are exactly plain decoding's with the same seed."""
+    prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 8, 9, 10, 11, 7, 7, 8], [0, 5, 10, 15]]
+    jobs = [(p, SamplingParams(temperature=temperature, top_p=0.9, repetition_penalty=1.2, seed=11 + i,
+                               max_tokens=24)) for i, p in enumerate(prompts)]
+    assert all(params.mode == "coupled" for _, params in jobs)
+    want = [Engine(target).generate(p, params).token_ids for p, params in jobs]
+    proposer = make_proposer(case, target)
+    drafted = 0
+    for k in (1, 4, 8):
+        for (prompt, params), expected in zip(jobs, want):
+            spec = Engine(target, proposer, k=k).generate(prompt, params)
+            assert spec.token_ids == expected, f"{case.name} K={k}: the seed's text changed with speculation"
+            drafted += spec.stats.drafted
+    scheduler = Scheduler(target, make_proposer(case, target), SchedulerConfig(max_batch=3, k=4))
+    assert [r.token_ids for r in run_scheduler(scheduler, jobs)] == want
+    assert drafted > 0
+
+
+def test_rejection_sampling_stays_available_and_is_reported():
+    params = SamplingParams(temperature=0.7, seed=3, coupling="rejection")
+    assert params.mode == "rejection" and SamplingParams(temperature=0.7).mode == "rejection"
+    assert SamplingParams().mode == "greedy" and SamplingParams(temperature=0.7, seed=1).mode == "coupled"
+    with pytest.raises(AuguryError, match="coupling must be one of"):
+        SamplingParams(coupling="gumbel")

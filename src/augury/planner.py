@@ -36,7 +36,14 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from augury.sampling import SamplingParams
 from augury.step import Request
+
+
+def load_dependent(params: SamplingParams) -> bool:
+    """Whether a request's text would change with K or with the sequences it drafts beside:
+    seeded sampling by rejection (its random numbers are consumed as drafts are verified)."""
+    return params.seed is not None and not params.greedy and not params.coupled
 
 class ShapeCosts:
     """Seconds of one kind of forward by shape, from measurements (see the module doc).
@@ -339,7 +346,9 @@ class Planner:
         caps = [r.draft_cap() for r in requests]
         if self.k_max == 0:
             return [0] * len(requests)
-        fixed = [self.k_max if (r.params.seed is not None and not r.params.greedy) else None for r in requests]
+        # Seeded requests sampled by rejection draft the configured K (their text depends on K);
+        # coupled ones give the same text at any K, so the planner may choose theirs.
+        fixed = [self.k_max if load_dependent(r.params) else None for r in requests]
         self.steps += 1
         if not self.adaptive:
             return [min(self.k_max, cap) for cap in caps]

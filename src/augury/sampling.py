@@ -19,6 +19,10 @@ from torch import Tensor
 from augury.errors import AuguryError
 
 MAX_TOKENS_LIMIT = 1 << 20
+# Seeded sampled requests use coupled sampling unless they ask otherwise: chosen from the measured
+# acceptance cost against rejection sampling (docs/benchmarks.md, coupled sampling).
+COUPLED_BY_DEFAULT = True
+COUPLINGS = ("auto", "coupled", "rejection")
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,11 @@ class SamplingParams:
     eos_ids: frozenset[int] = frozenset()  # the ids min_tokens holds back (the tokenizer's; set by the caller)
     logprobs: int | None = None  # report each output token's log-probability and this many top alternatives
     constraint: object | None = None  # a grammar mask over the vocabulary (grammar.JsonObjectConstraint), or None
+    # How a seeded sampled request draws its tokens: "coupled" (noise fixed by (seed, position): the same
+    # text with or without speculation, whatever the drafter, K or batch), "rejection" (rejection
+    # sampling from the request's generator), or "auto" (COUPLED_BY_DEFAULT). Unseeded requests use
+    # rejection sampling; greedy requests need neither.
+    coupling: str = "auto"
 
     def __post_init__(self) -> None:
         validate(self)
@@ -47,6 +56,18 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def coupled(self) -> bool:
+        """Whether tokens come from coupled sampling (see `verify.coupled_sample`)."""
+        if self.greedy or self.seed is None or self.coupling == "rejection":
+            return False
+        return self.coupling == "coupled" or COUPLED_BY_DEFAULT
+
+    @property
+    def mode(self) -> str:
+        """greedy, coupled or rejection: what a request's usage reports."""
+        return "greedy" if self.greedy else "coupled" if self.coupled else "rejection"
 
     @property
     def has_penalties(self) -> bool:
@@ -75,6 +96,8 @@ def validate(params: SamplingParams) -> None:
             raise AuguryError(f"{name} must be in [-2, 2], got {value}")
     if not isinstance(params.max_tokens, int) or not 0 < params.max_tokens <= MAX_TOKENS_LIMIT:
         raise AuguryError(f"max_tokens must be a positive integer, got {params.max_tokens}")
+    if params.coupling not in COUPLINGS:
+        raise AuguryError(f"coupling must be one of {', '.join(COUPLINGS)}, got {params.coupling!r}")
     if params.logprobs is not None and (not isinstance(params.logprobs, int) or not 0 <= params.logprobs <= 20):
         raise AuguryError(f"logprobs must be an integer in [0, 20] (top alternatives), got {params.logprobs}")
     if not isinstance(params.min_tokens, int) or not 0 <= params.min_tokens <= params.max_tokens:

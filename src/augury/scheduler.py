@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from augury.errors import AuguryError
 from augury.metrics import SpecStats
 from augury.models.loader import Model
-from augury.planner import Planner
+from augury.planner import Planner, load_dependent
 from augury.proposers.base import Proposer, batches
 from augury.sampling import SamplingParams
 from augury.step import GenerationResult, Request, check_k, draft, prefill, step
@@ -359,13 +359,14 @@ class Scheduler:
         """Draft for every running sequence that drafts this step (each draft lands on its request).
 
         Sequences draft together in one batch where the proposer batches;
-        seeded sampled requests draft alone, so that their output never
-        depends on which other requests shared the drafter's forward.
+        seeded requests sampled by rejection draft alone, so that their output
+        never depends on which other requests shared the drafter's forward
+        (coupled ones cannot depend on it).
         """
         drafting = [(t, k) for t, k in zip(self._running, ks) if min(k, t.request.draft_cap()) > 0]
         if not drafting:
             return
-        seeded = [(t, k) for t, k in drafting if t.request.params.seed is not None and not t.request.params.greedy]
+        seeded = [(t, k) for t, k in drafting if load_dependent(t.request.params)]
         shared = [(t, k) for t, k in drafting if (t, k) not in seeded]
         groups = [[tk] for tk in seeded] + ([shared] if self.planner.batched else [[tk] for tk in shared])
         for group in groups:

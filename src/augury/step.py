@@ -35,7 +35,7 @@ from augury.models.loader import Model
 from augury.models.tokenizer import StreamDecoder
 from augury.proposers.base import Draft, Proposer, Sequence, propose_batch
 from augury.sampling import SamplingParams, log_probabilities, make_generator, probabilities, sample
-from augury.verify import VerifyResult, verify_chain
+from augury.verify import VerifyResult, coupled_sample, verify_chain, verify_coupled
 
 MAX_K = 32
 
@@ -186,6 +186,17 @@ class Request:
         return GenerationResult(self.text, output, self.finish_reason or "length", self.stats, logprobs)
 
 
+def draw(probs: Tensor, seq: Sequence, position: int) -> int:
+    """One token from probs [V] as the request draws them: argmax (greedy), coupled sampling at this
+    output position, or a sample from the request's generator. Drafters draw through this too."""
+    params = seq.params
+    if params.greedy:
+        return int(probs.argmax())
+    if params.coupled:
+        return coupled_sample(probs, params.seed, position)
+    return int(sample(probs[None], seq.generator)[0])
+
+
 def _hidden_wanted(proposer: Proposer | None) -> tuple[bool, tuple[int, ...]]:
     if proposer is None or not proposer.needs_hidden:
         return False, ()
@@ -211,7 +222,7 @@ def prefill(target: Model, request: Request, cache: KVCache) -> list[str]:
     request.stats.target_forwards += 1
     seq = request.seq
     probs = probabilities(logits[0, -1:], request.params, seq.prompt, seq.output)
-    token = int(probs[0].argmax()) if request.params.greedy else int(sample(probs, seq.generator)[0])
+    token = draw(probs[0], seq, position=0)
     deltas = request.commit([token], logits[0, -1:])
     request.stats.prefill_s = time.perf_counter() - t0
     if starts_eagerly(request.proposer) and not request.done:
@@ -340,9 +351,12 @@ def _verify_and_commit(request: Request, logits: Tensor) -> tuple[VerifyResult, 
     draft_ = request.draft
     seq = request.seq
     p_target = probabilities(logits, request.params, seq.prompt, seq.output, draft_.tokens)
-    result = verify_chain(
-        draft_.tokens, draft_.q_draft, p_target, greedy=request.params.greedy, generator=seq.generator
-    )
+    if request.params.coupled:
+        result = verify_coupled(draft_.tokens, p_target, request.params.seed, len(seq.output))
+    else:
+        result = verify_chain(
+            draft_.tokens, draft_.q_draft, p_target, greedy=request.params.greedy, generator=seq.generator
+        )
     request.stats.record_step(len(draft_.tokens), result.num_accepted)
     request.draft = Draft([])
     return result, request.commit(result.tokens, logits)

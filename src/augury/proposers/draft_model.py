@@ -30,6 +30,7 @@ from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers.base import Draft, ProposerBase, Sequence
 from augury.sampling import probabilities, sample
+from augury.step import draw
 from augury.verify import VerifyResult
 
 
@@ -152,6 +153,12 @@ class DraftModelProposer(ProposerBase):
         if params.greedy:
             token = int(q_row.argmax())
             confidence = float(torch.softmax(logits, -1)[token]) if self.confidence else 1.0
+        elif params.coupled:
+            # The target's noise at this output position, over the target's vocabulary: the
+            # draft is the token the target itself would pick if its distribution were q_draft.
+            full = torch.nn.functional.pad(q_row, (0, max(0, self.target_vocab_size - q_row.shape[-1])))
+            token = draw(full[: self.target_vocab_size], seq, len(seq.output) + len(tokens))
+            confidence = float(q_row[token]) if token < q_row.shape[-1] else 0.0
         else:
             token = int(sample(q_row[None], seq.generator)[0])
             q_rows.append(q_row)
