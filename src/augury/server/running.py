@@ -1,9 +1,10 @@
 """Running the app under uvicorn: bounded request reads, and a drain on SIGTERM that ends in bounded time.
 
-uvicorn alone has neither. A client may trickle a request head one byte at
-a time for as long as it likes (its keep-alive timer restarts on every byte),
-so a few such clients hold connections forever; `BoundedH11` gives every
-request head a deadline (the body's deadline is the app's, see `read_json`).
+uvicorn alone has neither. Its one timer is the keep-alive wait between
+requests, which any byte stops, so a client may trickle a request head one
+byte at a time for as long as it likes and a few such clients hold
+connections forever; `BoundedH11` gives every request head a deadline (the
+body's deadline is the app's, see `read_json`).
 And on SIGTERM uvicorn closes its listening socket, then waits for open
 connections without limit, so a long stream keeps the process alive and the
 scheduler's shutdown path never runs. `DrainingServer` drains first instead:
@@ -14,7 +15,10 @@ scheduler's shutdown path never runs. `DrainingServer` drains first instead:
     then          the scheduler stops: what still runs ends with an SSE error event (streams) or a 503 body
     by t0+T       connections are closed and the process exits (T = shutdown_timeout, F = min(5, T/2))
 
-A second signal exits at once.
+A second signal exits at once. After a SIGTERM the process ends by that
+signal once the drain is done, as uvicorn's own servers do (status 143: a
+clean stop to systemd, Docker and Kubernetes): interpreter teardown, which
+takes seconds with a model loaded, is skipped.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import signal
+import sys
 import time
 from types import FrameType
 from typing import Any
@@ -107,11 +113,13 @@ class DrainingServer(uvicorn.Server):
         self.state = state
         self.shutdown_timeout = shutdown_timeout
         self.signalled_at: float | None = None
+        self.signal: int | None = None  # the first signal received
         self.drainer: asyncio.Task | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.signalled_at is None:
             self.signalled_at = time.monotonic()  # on_tick starts the drain (a signal handler cannot await)
+            self.signal = sig
         else:
             self.should_exit = self.force_exit = True
 
@@ -124,8 +132,9 @@ class DrainingServer(uvicorn.Server):
         total = self.shutdown_timeout
         flush = min(5.0, total / 2)
         await self.state.drain(finish_by=t0 + total - flush, end_by=t0 + total - flush / 2)
-        # uvicorn then closes the socket and waits this long for connections before cutting them.
-        self.config.timeout_graceful_shutdown = max(0.1, t0 + total - time.monotonic())
+        # uvicorn then closes the socket and waits this long for connections before cutting them,
+        # leaving a moment for the process itself to end (unmapping a model's memory takes about a second).
+        self.config.timeout_graceful_shutdown = max(0.1, t0 + total - min(1.0, flush / 2) - time.monotonic())
         self.should_exit = True
 
 
@@ -133,4 +142,10 @@ def serve(app: Starlette, host: str, port: int, *, shutdown_timeout: float = 30.
           log_level: str = "info") -> None:
     """Serve until SIGTERM or Ctrl-C, then drain and exit within shutdown_timeout seconds."""
     config = uvicorn_config(app, host, port, header_timeout=header_timeout, log_level=log_level)
-    DrainingServer(config, app.state.augury, shutdown_timeout).run()
+    server = DrainingServer(config, app.state.augury, shutdown_timeout)
+    server.run()
+    if server.signal == signal.SIGTERM:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
