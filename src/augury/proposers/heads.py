@@ -1,0 +1,729 @@
+"""Drafter heads on the target's own hidden states: MTP / EAGLE chains and a parallel block drafter.
+
+A head is one decoder layer of the target's architecture between the
+target's own pieces, so it needs no prefill of its own and costs a small
+fraction of a target step:
+
+    x_t  = fc([RMSNorm(s_t); RMSNorm(embed(x_{t+1}))])      # 2H -> H
+    y_t  = layer(x_t)                                       # attends to the head's rows so far (own KV cache)
+    logits over the N most frequent tokens = lm_head[vocab] @ final_norm(y_t)     # predicts x_{t+2}
+
+s_t is the target's state at position t (`feature`: its final normed state,
+as EAGLE-1 reads it, or the residual stream after its last layer, as
+DeepSeek-V3's MTP module reads it). Head row t therefore pairs the target
+state that predicted x_{t+1} with x_{t+1} itself and guesses one token
+further. Two shapes of drafting share that layer:
+
+- chain (kinds "mtp", "eagle"): the head's own output state stands in for the
+  target state at the next row, so K tokens take one catch-up forward (the
+  rows the target committed since the last draft) and K - 1 one-row forwards.
+- parallel (DFlash / PARD-like): after the catch-up rows, K - 1 learned mask
+  embeddings take the token half of the input next to the anchor state (the
+  target's last state); they see each other (non-causal block) and the
+  context, and all K tokens come out of one forward.
+
+Rollback: a sequence's head cache holds rows computed from the target's own
+states only up to `fed`; whatever the head drafted past that (chained rows,
+mask rows) is cut off after every step, and the states the step committed are
+queued to be fed on the next draft. The drafts are verified by the target, so
+a head can only change speed, never the output.
+
+Vocabulary subset: drafted tokens always lie in the head's `vocab` (ids sorted
+ascending); a sampled draft's q_draft is the request's sampling transform of
+the subset logits scattered into a full-vocabulary row of -inf, so it is zero
+outside the subset, sums to 1, and is exactly what the token was drawn from.
+
+Head files (written by `augury train`): one safetensors file whose header
+metadata carries the JSON description (kind, config, target name and sha256,
+training data, measured acceptance), so weights and description can never
+disagree; `head.json` next to it is the same JSON for people and tools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from augury.cache import CacheGroup, KVCache
+from augury.errors import AuguryError
+from augury.models.decoder import (
+    Decoder,
+    LayerWeights,
+    ModelConfig,
+    OneDnnWeight,
+    Weights,
+    attention_mask,
+    dense_weight,
+    linear,
+    onednn_packing_available,
+    rms_norm,
+    row_key_sets,
+)
+from augury.models.loader import Model
+from augury.proposers.base import Draft, ProposerBase, Sequence
+from augury.sampling import probabilities, sample
+from augury.verify import VerifyResult
+
+KINDS = ("mtp", "eagle", "parallel")
+FEATURES = ("final", "last_layer")
+FORMAT_VERSION = 1
+META_KEY = "augury_head"
+HEAD_FILE = "head.safetensors"
+HEAD_JSON = "head.json"
+# Head blocks up to this many rows attend row by row, which also lets several
+# sequences' separate caches run as one batch (cache.CacheGroup); longer
+# blocks (a prompt's catch-up) run alone through one masked attention call.
+ROW_LIMIT = 16
+# The layer's own weights by file name (the rest of the head is fc, norms, mask, vocab).
+LAYER_PREFIX = "layer."
+MATMUL_FIELDS = ("wqkv", "wo", "w_gate_up", "w_down")
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """What kind of head this is and how it was trained (everything but the target's shape).
+
+    The variants differ where the literature does: which target state the head
+    reads (EAGLE-1: the final normed state; DeepSeek-V3 MTP: the residual
+    stream before the final norm), whether the loss also regresses the next
+    state (EAGLE-1) or only matches the target's tokens (MTP), and how many
+    chained positions the training unrolls (1 = teacher-forced only, as
+    EAGLE-1; more lets the head see its own states, as later EAGLE versions
+    and DeepSeek's sequential depths do). One shared layer serves every depth.
+    """
+
+    kind: str
+    feature: str = "final"  # the target state read: "final" or "last_layer"
+    feature_loss: float = 0.0  # weight of the smooth-L1 loss on the next state (0 = tokens only)
+    train_depth: int = 1  # chained positions unrolled in training (chain kinds)
+    block: int = 8  # parallel: the longest block one forward drafts (block - 1 mask embeddings)
+    intermediate_size: int | None = None  # the layer's MLP width (None: the target's)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise AuguryError(f"unknown head kind '{self.kind}' (known: {', '.join(KINDS)})")
+        if self.feature not in FEATURES:
+            raise AuguryError(f"unknown head feature '{self.feature}' (known: {', '.join(FEATURES)})")
+        if not 1 <= self.train_depth <= 8:
+            raise AuguryError(f"train_depth must be in 1..8, got {self.train_depth}")
+        if not 2 <= self.block <= 32:
+            raise AuguryError(f"a parallel head's block must be in 2..32, got {self.block}")
+
+    @classmethod
+    def for_kind(cls, kind: str, **overrides) -> "HeadConfig":
+        """Each kind's defaults: MTP reads the residual stream with a token loss only, EAGLE the final
+        state with a state loss too; both unroll two chained positions; parallel reads the final state."""
+        defaults = {
+            "mtp": dict(feature="last_layer", feature_loss=0.0, train_depth=2),
+            "eagle": dict(feature="final", feature_loss=1.0, train_depth=2),
+            "parallel": dict(feature="final", feature_loss=0.0, train_depth=1, block=8),
+        }
+        if kind not in defaults:
+            raise AuguryError(f"unknown head kind '{kind}' (known: {', '.join(KINDS)})")
+        return cls(kind=kind, **{**defaults[kind], **overrides})
+
+    @property
+    def chained(self) -> bool:
+        return self.kind != "parallel"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "HeadConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def feature_layers(config: HeadConfig, target: ModelConfig) -> tuple[int, ...]:
+    """The decoder layers the head asks the target for (besides the final normed state, always given)."""
+    return (target.num_layers - 1,) if config.feature == "last_layer" else ()
+
+
+def pick_feature(config: HeadConfig, hidden: Tensor, width: int) -> Tensor:
+    """The head's input state from the target's hidden output [..., H * (layers + 1)] -> [..., H] (H = width).
+
+    With the last layer asked for, its output comes first and the final normed
+    state last (see `Decoder.forward`).
+    """
+    return hidden[..., :width] if config.feature == "last_layer" else hidden[..., -width:]
+
+
+@dataclass
+class HeadWeights:
+    """A head's tensors: its own (fc, norms, layer, mask) and the target's it borrows (embed, final norm, lm_head rows).
+
+    Plain tensors for drafting, or the parameters of `train.trainer.TrainableHead`
+    for training: both run through the same `Head` code.
+    """
+
+    fc: Tensor  # [H, 2H] (or a packed weight)
+    state_norm: Tensor  # [H]
+    token_norm: Tensor  # [H]
+    layer: LayerWeights
+    embed: Tensor  # [V, H], the target's
+    final_norm: Tensor  # [H], the target's
+    lm_head: Tensor  # [N, H]: the target's output rows at `vocab` (or a packed weight)
+    vocab: Tensor  # [N] long, target token ids, ascending
+    mask: Tensor | None = None  # [block - 1, H] parallel heads' learned mask embeddings
+    dtype: torch.dtype = torch.float32  # what the head computes in (norm weights stay fp32)
+
+
+class Head:
+    """The head's forward pieces over `HeadWeights`, shared by drafting and training."""
+
+    def __init__(self, config: HeadConfig, target: ModelConfig, weights: HeadWeights) -> None:
+        self.config = config
+        self.target_config = target
+        self.weights = weights
+        layer_config = replace(
+            target, num_layers=1, sliding_window=None, sliding_pattern=0,
+            intermediate_size=config.intermediate_size or target.intermediate_size,
+        )
+        self.dtype = weights.dtype
+        self.device = weights.vocab.device
+        # (the shell's embedding only tells the decoder its dtype and device)
+        shell = Weights(embed=torch.empty(0, target.hidden_size, dtype=self.dtype, device=self.device),
+                        final_norm=weights.final_norm, lm_head=weights.lm_head, layers=[weights.layer])
+        # The head's layer runs on the decoder's own attention and MLP code (one
+        # implementation of the architecture); its blocks choose their attention
+        # path and visibility here, since a head's block is not a token block.
+        self.runner = Decoder(layer_config, shell, exact=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target_config.vocab_size
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        c = self.runner.config
+        return KVCache(1, batch, c.num_kv_heads, c.head_dim, max_len, dtype=self.dtype, device=self.device)
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """tokens: [B, T] -> the target's input embeddings [B, T, H] in the head's dtype."""
+        x = F.embedding(tokens, self.weights.embed).to(self.dtype)
+        scale = self.target_config.embed_scale
+        return x * torch.tensor(scale, dtype=x.dtype) if scale != 1.0 else x
+
+    def inputs(self, states: Tensor, tokens_embedded: Tensor) -> Tensor:
+        """[RMSNorm(state); RMSNorm(embedding)] -> fc. states, tokens_embedded: [B, T, H] -> [B, T, H]."""
+        w = self.weights
+        eps = self.target_config.rms_eps
+        both = torch.cat([rms_norm(states.to(self.dtype), w.state_norm, eps),
+                          rms_norm(tokens_embedded.to(self.dtype), w.token_norm, eps)], -1)
+        return linear(both, w.fc)
+
+    def layer(
+        self,
+        x: Tensor,
+        cache: KVCache | CacheGroup,
+        *,
+        positions: Tensor | None = None,
+        block_mask: Tensor | None = None,
+        visible: Tensor | None = None,
+    ) -> Tensor:
+        """The head's decoder layer over a block. x: [B, T, H] -> residual stream [B, T, H]; appends K/V.
+
+        positions: [B, T] rope positions (default: each cache's length onward).
+        block_mask: [B, T, T] visibility inside the block (default causal); the cache is visible.
+        visible: [B, T, cached + T] bool, the whole visibility (training's unrolled depths need
+            cached rows hidden too); forces the masked path.
+        """
+        c = self.runner.config
+        w = self.weights.layer
+        batch, t, _ = x.shape
+        lengths = cache.lengths
+        if positions is None:
+            positions = torch.tensor(lengths, device=x.device).unsqueeze(1) + torch.arange(t, device=x.device)
+        total = max(lengths) + t
+        if visible is not None:
+            attend = visible.unsqueeze(1)
+        elif t <= ROW_LIMIT:
+            attend = row_key_sets(lengths, positions, block_mask, t, window=None)
+        else:
+            attend = attention_mask(lengths, positions, total, block_mask, window=None)
+        rope = self.runner.rope_global.lookup(positions)
+        h = self.runner._attention(0, w, rms_norm(x, w.attn_norm, c.rms_eps), cache, rope, attend, total)
+        if w.post_attn_norm is not None:
+            h = rms_norm(h, w.post_attn_norm, c.rms_eps)
+        x = x + h
+        h = self.runner._mlp(w, rms_norm(x, w.mlp_norm, c.rms_eps))
+        if w.post_mlp_norm is not None:
+            h = rms_norm(h, w.post_mlp_norm, c.rms_eps)
+        cache.advance(t)
+        return x + h
+
+    def state(self, y: Tensor) -> Tensor:
+        """The head's output [.., H] as the state the next chained row reads (in the target state's space)."""
+        if self.config.feature == "final":
+            return rms_norm(y, self.weights.final_norm, self.target_config.rms_eps)
+        return y
+
+    def logits(self, y: Tensor) -> Tensor:
+        """Subset logits [.., N] (fp32) from the head's output [.., H], through the target's final norm."""
+        normed = rms_norm(y, self.weights.final_norm, self.target_config.rms_eps)
+        return linear(normed, self.weights.lm_head).float()
+
+
+# -- drafting ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _SeqState:
+    """One sequence's head state. Invariant: fed + len(pending) == len(seq.tokens) - 1."""
+
+    cache: KVCache
+    fed: int  # head rows in the cache computed from the target's own states
+    pending: Tensor  # [n, H] target states of rows fed .. fed + n - 1, not fed yet
+    anchor: Tensor  # [H] the target state of the last row fed (parallel heads' mask rows read it)
+    tail: Tensor | None = None  # [H] the head's output at row fed - 1 (drafting with nothing pending)
+
+
+class HeadProposer(ProposerBase):
+    """Drafts from a head over the target's hidden states (see the module doc)."""
+
+    needs_hidden = True
+    needs_every_step = True
+
+    def __init__(self, head: Head, meta: dict | None = None) -> None:
+        self.head = head
+        self.config = head.config
+        self.name = head.config.kind
+        self.meta = meta or {}
+        self.hidden_layers = feature_layers(head.config, head.target_config)
+        vocab = head.weights.vocab
+        self.in_subset = torch.zeros(head.vocab_size, dtype=torch.bool, device=vocab.device)
+        self.in_subset[vocab] = True
+        self.states: dict[int, _SeqState] = {}
+        self._forwards = 0
+
+    @property
+    def forwards(self) -> int:
+        return self._forwards
+
+    @property
+    def max_k(self) -> int:
+        """The longest draft: any for chains, the trained block for parallel heads."""
+        return self.config.block if not self.config.chained else 1 << 30
+
+    def start(self, seq: Sequence, prompt_hidden: Tensor | None = None) -> None:
+        if prompt_hidden is None:
+            raise AuguryError(f"the {self.name} head drafter needs the target's hidden states from its prefill")
+        states = pick_feature(self.config, prompt_hidden, self.head.target_config.hidden_size).to(self.head.dtype)
+        if states.shape[0] != len(seq.tokens) - 1:
+            raise AuguryError(f"head drafter got {states.shape[0]} prompt states for {len(seq.tokens) - 1} cached tokens")
+        max_len = len(seq.tokens) + seq.params.max_tokens + 2 * ROW_LIMIT + 64
+        cache = self.head.new_cache(1, max_len)
+        self.states[seq.id] = _SeqState(cache=cache, fed=0, pending=states, anchor=states[-1])
+
+    def on_step(self, seq: Sequence, result: VerifyResult, hidden: Tensor | None) -> None:
+        """Cut what was drafted past the target's own rows; queue the states this step committed."""
+        state = self.states[seq.id]
+        state.cache.truncate(state.fed)
+        if hidden is None:
+            raise AuguryError(f"the {self.name} head drafter needs the target's hidden states after every step")
+        new = pick_feature(self.config, hidden, self.head.target_config.hidden_size).to(self.head.dtype)
+        state.pending = torch.cat([state.pending, new]) if state.pending.numel() else new
+        if state.fed + state.pending.shape[0] != len(seq.tokens) - 1:
+            raise AuguryError(
+                f"head drafter out of step: {state.fed + state.pending.shape[0]} states for "
+                f"{len(seq.tokens) - 1} cached tokens"
+            )
+
+    def finish(self, seq: Sequence) -> None:
+        self.states.pop(seq.id, None)
+
+    def propose(self, seq: Sequence, k: int) -> Draft:
+        return self.propose_batch([seq], [k])[0]
+
+    @torch.inference_mode()
+    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        """Up to ks[i] tokens per sequence: one batched forward per drafted position (chains), or one in all (parallel)."""
+        drafts = [Draft([]) for _ in seqs]
+        states = [self.states[seq.id] for seq in seqs]
+        ks = [min(k, self.max_k, s.cache.max_len - s.fed - s.pending.shape[0] - ROW_LIMIT) for s, k in zip(states, ks)]
+        live = [i for i, k in enumerate(ks) if k > 0]
+        if not live:
+            return drafts
+        tokens: dict[int, list[int]] = {i: [] for i in live}
+        q_rows: dict[int, list[Tensor]] = {i: [] for i in live}
+        if self.config.chained:
+            self._draft_chains(seqs, states, ks, live, tokens, q_rows)
+        else:
+            self._draft_blocks(seqs, states, ks, live, tokens, q_rows)
+        for i in live:
+            drafts[i] = Draft(tokens[i], torch.stack(q_rows[i]) if q_rows[i] else None)
+        return drafts
+
+    def _draft_chains(self, seqs, states, ks, live, tokens, q_rows) -> None:
+        head = self.head
+        outs = self._catch_up(seqs, states, live, {i: 0 for i in live})
+        y = {i: outs[i][-1] for i in live}  # [H] the head's output at the last committed row
+        while live:
+            logits = head.logits(torch.stack([y[i] for i in live]))
+            more = [i for i, row in zip(live, logits) if self._pick(seqs[i], row, tokens[i], q_rows[i])
+                    and len(tokens[i]) < ks[i]]
+            if not more:
+                break
+            x = head.inputs(head.state(torch.stack([y[i] for i in more]))[:, None],
+                            head.embed(torch.tensor([[tokens[i][-1]] for i in more], device=head.device)))
+            out = head.layer(x, self._group([states[i] for i in more]))
+            self._forwards += 1
+            y.update((i, out[b, 0]) for b, i in enumerate(more))
+            live = more
+
+    def _draft_blocks(self, seqs, states, ks, live, tokens, q_rows) -> None:
+        """Parallel heads: catch-up rows, then k - 1 mask rows that see each other, in one forward."""
+        outs = self._catch_up(seqs, states, live, {i: ks[i] - 1 for i in live})
+        for i in live:
+            rows = outs[i]
+            logits = self.head.logits(rows)  # [1 + k - 1, N]: the anchor's row, then each mask row's
+            for row in logits:
+                if not self._pick(seqs[i], row, tokens[i], q_rows[i]) or len(tokens[i]) >= ks[i]:
+                    break
+            states[i].cache.truncate(states[i].fed)
+
+    def _catch_up(self, seqs, states, live, masks: dict[int, int]) -> dict[int, Tensor]:
+        """Feed every live sequence's pending target rows (and `masks[i]` mask rows after them).
+
+        Returns per sequence the head's outputs [1 + masks[i], H]: its last
+        committed row's (computed now, or kept from the last draft when nothing
+        was pending), then the mask rows'. Short blocks of several sequences run
+        as one batch; long ones (a prompt) alone. The cache keeps the committed
+        rows and, until `on_step`, the mask rows.
+        """
+        head = self.head
+        blocks = {}
+        for i in live:
+            s = states[i]
+            n = s.pending.shape[0]
+            seq_tokens = seqs[i].tokens
+            x = head.inputs(s.pending[None], head.embed(torch.tensor([seq_tokens[s.fed + 1 : s.fed + 1 + n]],
+                                                                     device=head.device)))[0] if n else None
+            if masks[i]:
+                anchor = (s.pending[-1] if n else s.anchor).expand(masks[i], -1)
+                xm = head.inputs(anchor[None], head.weights.mask[: masks[i]][None].to(head.dtype))[0]
+                x = xm if x is None else torch.cat([x, xm])
+            blocks[i] = (x, n)
+        out: dict[int, Tensor] = {}
+        short = [i for i in live if blocks[i][0] is not None and blocks[i][0].shape[0] <= ROW_LIMIT]
+        groups = [short] + [[i] for i in live if i not in short and blocks[i][0] is not None]
+        for group in [g for g in groups if g]:
+            width = max(blocks[i][0].shape[0] for i in group)
+            x = torch.stack([F.pad(blocks[i][0], (0, 0, 0, width - blocks[i][0].shape[0])) for i in group])
+            mask = torch.stack([_block_visibility(blocks[i][1], masks[i], width, x.device) for i in group])
+            caches = [states[i].cache for i in group]
+            y = head.layer(x, self._group([states[i] for i in group]), block_mask=mask)
+            self._forwards += 1
+            for b, i in enumerate(group):
+                n, m = blocks[i][1], masks[i]
+                caches[b].truncate(states[i].fed + n + m)  # drop the padding rows
+                out[i] = y[b, max(n - 1, 0) : n + m]
+        for i in live:
+            s = states[i]
+            n, m = blocks[i][1], masks[i]
+            if n:
+                s.anchor = s.pending[-1]
+                s.tail = out[i][0]
+                s.fed += n
+                s.pending = s.pending[:0]
+            else:  # nothing new since the last draft: the committed row's output was kept
+                if s.tail is None:
+                    raise AuguryError("head drafter has no state to draft from (no target states yet)")
+                out[i] = torch.cat([s.tail[None], out[i]]) if m else s.tail[None]
+        return out
+
+    def _group(self, states: list[_SeqState]) -> KVCache | CacheGroup:
+        return states[0].cache if len(states) == 1 else CacheGroup([s.cache for s in states])
+
+    def _pick(self, seq: Sequence, logits: Tensor, tokens: list[int], q_rows: list[Tensor]) -> bool:
+        """Choose the next drafted token from subset logits [N]; False when nothing in the subset can be drafted.
+
+        The subset logits go into a full-vocabulary row of -inf, through the
+        request's own sampling transform: q_draft is zero outside the subset
+        and is exactly the distribution the token is drawn from.
+        """
+        params = seq.params
+        vocab = self.head.weights.vocab
+        full = torch.full((1, self.head.vocab_size), float("-inf"), device=logits.device)
+        full[0, vocab] = logits.float()
+        q_row = probabilities(full, params, seq.prompt, seq.output, tokens)[0]
+        if params.greedy:
+            token = int(q_row.argmax())
+        else:
+            if float(q_row[vocab].sum()) < 0.5:  # every subset token masked (min_tokens on a subset of EOS ids)
+                return False
+            token = int(sample(q_row[None], seq.generator)[0])
+        if not self.in_subset[token]:
+            return False
+        tokens.append(token)
+        if not params.greedy:
+            q_rows.append(q_row)
+        return True
+
+
+def _block_visibility(n: int, masks: int, width: int, device: torch.device) -> Tensor:
+    """[width, width] visibility for n committed rows, then `masks` mask rows, then padding.
+
+    Committed rows are causal; mask rows see every committed row and every mask
+    row (the non-causal block); padding rows see everything before them and
+    nobody real sees them.
+    """
+    vis = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    vis[n : n + masks, : n + masks] = True
+    return vis
+
+
+# -- building heads ------------------------------------------------------------------------------
+
+
+def target_parts(target: Model) -> tuple[Tensor, Tensor, Tensor]:
+    """The target's embedding [V, H], final norm [H] and dense output head [V, H] (shared, not copied, where plain)."""
+    w = target.decoder.weights
+    return w.embed, w.final_norm, dense_weight(w.lm_head)
+
+
+def init_own_weights(config: HeadConfig, target: Model, seed: int = 0) -> dict[str, Tensor]:
+    """Fresh fp32 weights for a head of `config` over `target` (the untrained head).
+
+    The layer starts as a copy of the target's last layer (a layer that already
+    reads this model's residual stream), fc as a small random projection.
+    """
+    c = target.config
+    gen = torch.Generator().manual_seed(seed)
+    hidden = c.hidden_size
+    own = {
+        "fc": torch.randn(hidden, 2 * hidden, generator=gen) * (2 * hidden) ** -0.5,
+        "state_norm": torch.ones(hidden),
+        "token_norm": torch.ones(hidden),
+    }
+    last = target.decoder.weights.layers[-1]
+    width = config.intermediate_size or c.intermediate_size
+    for f in fields(LayerWeights):
+        value = getattr(last, f.name)
+        if value is None:
+            continue
+        value = dense_weight(value).float().clone()
+        if f.name == "w_gate_up" and width != c.intermediate_size:
+            gate, up = value.chunk(2)
+            value = torch.cat([gate[:width], up[:width]])
+        elif f.name == "w_down" and width != c.intermediate_size:
+            value = value[:, :width].contiguous()
+        own[LAYER_PREFIX + f.name] = value
+    if not config.chained:
+        own["mask"] = torch.randn(config.block - 1, hidden, generator=gen) * 0.3
+    return own
+
+
+def head_weights(
+    own: dict[str, Tensor], vocab: Tensor, target: Model, *, dtype: torch.dtype | None = None, pack: bool = True
+) -> HeadWeights:
+    """HeadWeights for drafting: the head's own tensors in the target's dtype (packed for oneDNN where that
+    runs), the target's embedding and final norm shared, its output rows at `vocab` copied once."""
+    embed, final_norm, lm_head = target_parts(target)
+    dtype = dtype or target.decoder.dtype
+    device = target.decoder.device
+    vocab = vocab.to(device=device, dtype=torch.long)
+    packing = pack and onednn_packing_available(dtype, device)
+
+    def matmul(t: Tensor):
+        t = t.to(device=device, dtype=dtype).contiguous()
+        return OneDnnWeight(t) if packing else t
+
+    def plain(name: str, t: Tensor) -> Tensor:  # norms in fp32 (as the decoder keeps them), biases in dtype
+        return t.to(device=device, dtype=torch.float32 if name.endswith("norm") else dtype)
+
+    layer = {}
+    for f in fields(LayerWeights):
+        value = own.get(LAYER_PREFIX + f.name)
+        if value is not None:
+            layer[f.name] = matmul(value) if f.name in MATMUL_FIELDS else plain(f.name, value)
+    return HeadWeights(
+        fc=matmul(own["fc"]), state_norm=plain("norm", own["state_norm"]), token_norm=plain("norm", own["token_norm"]),
+        layer=LayerWeights(**layer), embed=embed, final_norm=final_norm,
+        lm_head=matmul(lm_head[vocab]), vocab=vocab,
+        mask=plain("mask", own["mask"]) if "mask" in own else None, dtype=dtype,
+    )
+
+
+def make_proposer(config: HeadConfig, own: dict[str, Tensor], vocab: Tensor, target: Model,
+                  meta: dict | None = None) -> HeadProposer:
+    """A drafter over `target` from a head's own weights and vocabulary (ids; sorted here)."""
+    return HeadProposer(Head(config, target.config, head_weights(own, vocab.sort().values, target)), meta)
+
+
+def untrained_proposer(kind: str, target: Model, *, vocab: Tensor | None = None, seed: int = 0,
+                       **overrides) -> HeadProposer:
+    """A freshly initialized head drafter (for tests and as training's baseline); vocab defaults to every token."""
+    config = HeadConfig.for_kind(kind, **overrides)
+    vocab = torch.arange(target.config.vocab_size) if vocab is None else vocab
+    return make_proposer(config, init_own_weights(config, target, seed), vocab, target)
+
+
+# -- head files --------------------------------------------------------------------------------
+
+
+def target_sha256(target: Model | Path) -> str:
+    """sha256 of the target's weights file (a GGUF), or of a Hugging Face folder's config and weights.
+
+    Cached per file path, size and modification time under $AUGURY_HOME/hashes,
+    since a 1 GB file takes seconds to hash.
+    """
+    from augury.models.store import augury_home
+
+    source = Path(target.source if isinstance(target, Model) else target).resolve()
+    if source.is_dir():
+        files = sorted(p for p in source.iterdir() if p.is_file() and (p.suffix in (".safetensors", ".gguf")
+                                                                        or p.name == "config.json"))
+    else:
+        files = [source]
+    if not files:
+        raise AuguryError(f"{source}: no model files to identify the target by")
+    stamp = "|".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+    cache = augury_home() / "hashes" / (hashlib.sha256(stamp.encode()).hexdigest()[:24] + ".txt")
+    if cache.exists():
+        return cache.read_text().strip()
+    digest = hashlib.sha256()
+    for p in files:
+        if len(files) > 1:
+            digest.update(p.name.encode() + b"\0")
+        with p.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(chunk)
+    value = digest.hexdigest()
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cache, value.encode())
+    except OSError:
+        pass  # an unwritable cache only costs the next load a rehash
+    return value
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write a file so that readers see the old one or the whole new one, never a part (tmp + fsync + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def save_head(folder: Path, own: dict[str, Tensor], vocab: Tensor, counts: Tensor, meta: dict,
+              dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write `folder/head.safetensors` (weights, vocab, description in the header) and `head.json`, atomically.
+
+    meta must hold "kind", "config" (HeadConfig.to_dict) and "target" ({"name", "sha256", ...}).
+    Norms stay fp32; matrices are stored in `dtype`.
+    """
+    from safetensors.torch import save
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {name: (t.float() if t.dim() == 1 else t.to(dtype)).contiguous() for name, t in own.items()}
+    tensors["vocab"] = vocab.to(torch.int64).contiguous()
+    tensors["vocab_counts"] = counts.to(torch.int64).contiguous()
+    text = json.dumps({"format": FORMAT_VERSION, **meta}, indent=1, sort_keys=True)
+    data = save(tensors, metadata={META_KEY: text})
+    path = folder / HEAD_FILE
+    write_atomic(path, data)
+    write_atomic(folder / HEAD_JSON, text.encode())
+    return path
+
+
+def read_head(path: str | Path) -> tuple[dict, dict[str, Tensor]]:
+    """(description, tensors) of a head file or folder; one clear AuguryError for anything unreadable."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path).expanduser()
+    file = path / HEAD_FILE if path.is_dir() else path
+    if not file.exists():
+        raise AuguryError(f"head file {file} does not exist (train one with `augury train`)")
+    try:
+        with safe_open(str(file), framework="pt") as fh:
+            meta_text = (fh.metadata() or {}).get(META_KEY)
+            tensors = {name: fh.get_tensor(name) for name in fh.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise AuguryError(f"head file {file} is corrupt or incomplete: {exc}") from None
+    if meta_text is None:
+        raise AuguryError(f"{file} is not an augury head file (no '{META_KEY}' description in its header)")
+    try:
+        meta = json.loads(meta_text)
+    except json.JSONDecodeError as exc:
+        raise AuguryError(f"head file {file} has a corrupt description: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        raise AuguryError(f"head file {file} has format {meta.get('format') if isinstance(meta, dict) else '?'}, "
+                          f"this augury reads format {FORMAT_VERSION}")
+    kind = meta.get("kind")
+    if kind not in KINDS:
+        raise AuguryError(f"head file {file} is of unknown kind '{kind}' (known: {', '.join(KINDS)})")
+    for name in ("fc", "state_norm", "token_norm", "vocab", LAYER_PREFIX + "wqkv"):
+        if name not in tensors:
+            raise AuguryError(f"head file {file} is incomplete: no tensor '{name}'")
+    return meta, tensors
+
+
+def check_target(meta: dict, target: Model, file: str | Path) -> None:
+    """Refuse a head trained for another target: by file hash, then by shape."""
+    want = (meta.get("target") or {}).get("sha256")
+    have = target_sha256(target)
+    if want != have:
+        trained = (meta.get("target") or {}).get("name", "?")
+        raise AuguryError(
+            f"head {file} was trained for target '{trained}' (sha256 {str(want)[:12]}...), "
+            f"not for '{target.name}' (sha256 {have[:12]}...); train one for this target with `augury train`"
+        )
+
+
+def load_head(path: str | Path, target: Model, *, draft_vocab: int = 0, expect_kind: str | None = None,
+              check_hash: bool = True) -> HeadProposer:
+    """A drafter from a head file, for this target only (hash checked); draft_vocab > 0 keeps the N most frequent."""
+    meta, tensors = read_head(path)
+    if expect_kind is not None and meta["kind"] != expect_kind:
+        raise AuguryError(f"head file {path} holds a '{meta['kind']}' head, not '{expect_kind}' "
+                          f"(use --draft-method {meta['kind']})")
+    if check_hash:
+        check_target(meta, target, path)
+    config = HeadConfig.from_dict({**meta.get("config", {}), "kind": meta["kind"]})
+    vocab, counts = tensors.pop("vocab"), tensors.pop("vocab_counts", None)
+    hidden = target.config.hidden_size
+    if tensors["fc"].shape != (hidden, 2 * hidden) or int(vocab.max()) >= target.config.vocab_size:
+        raise AuguryError(f"head file {path} does not fit this target's shape (hidden {hidden}, "
+                          f"vocabulary {target.config.vocab_size})")
+    if draft_vocab < 0:
+        raise AuguryError(f"draft vocabulary must be >= 0 (0 = the head's own), got {draft_vocab}")
+    if 0 < draft_vocab < vocab.numel():
+        order = counts.argsort(descending=True, stable=True) if counts is not None else torch.arange(vocab.numel())
+        vocab = vocab[order[:draft_vocab]].sort().values
+    return make_proposer(config, tensors, vocab, target, meta)
+
+
+def build(target: Model, options, kind: str | None = None) -> HeadProposer:
+    """The registry's builder: options.head names the file (options.draft_vocab optionally narrows its vocabulary)."""
+    path = getattr(options, "head", None)
+    method = kind or "head"
+    if not path:
+        raise AuguryError(f"--draft-method {method} needs --head FILE (train one with `augury train --kind "
+                          f"{kind or 'eagle'}`)")
+    return load_head(path, target, draft_vocab=int(getattr(options, "draft_vocab", 0) or 0), expect_kind=kind)
+
+
+def build_mtp(target: Model, options) -> HeadProposer:
+    return build(target, options, "mtp")
+
+
+def build_eagle(target: Model, options) -> HeadProposer:
+    return build(target, options, "eagle")
+
+
+def build_parallel(target: Model, options) -> HeadProposer:
+    return build(target, options, "parallel")
