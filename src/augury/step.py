@@ -103,6 +103,7 @@ class Request:
         self.started = False  # proposer.start has run for this sequence
         self.drafted_at_length = 0  # len(seq.tokens) when the proposer last drafted (how far behind it may be)
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        self.stop_after = 0  # characters of text a stop string must end past (min_tokens)
 
     def draft_cap(self) -> int:
         """The most tokens this sequence may draft now (0 without a proposer): room before max_tokens."""
@@ -148,8 +149,11 @@ class Request:
             self.seq.tokens.append(token)
             self.stats.generated_tokens += 1
             self.text += self.decoder.push([token])
+            if len(self.seq.output) == self.params.min_tokens:
+                self.stop_after = len(self.text)  # a stop string must end past the min_tokens-th token
             if self.params.stop and len(self.seq.output) >= self.params.min_tokens:
-                cut = min((i for i in (self.text.find(s) for s in self.params.stop) if i >= 0), default=-1)
+                cut = min((i for i in (self.text.find(s, max(0, self.stop_after - len(s) + 1))
+                                       for s in self.params.stop) if i >= 0), default=-1)
                 if cut >= 0:
                     self.text = self.text[:cut]
                     self.finish_reason = "stop"

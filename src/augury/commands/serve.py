@@ -7,7 +7,7 @@ import ipaddress
 import os
 import sys
 
-from augury.commands.common import add_draft_args, add_model_args, given_draft_options
+from augury.commands.common import add_draft_args, add_model_args, load_from_args
 from augury.errors import AuguryError
 
 
@@ -113,16 +113,15 @@ def _allowed_hosts(args: argparse.Namespace) -> tuple[str, ...]:
 def run_serve(args: argparse.Namespace) -> int:
     _check_args(args)
     from augury.engine import check_k
-    from augury.models.loader import load_model
-    from augury.proposers import build_proposer
+    from augury.api import load
     from augury.scheduler import Scheduler, SchedulerConfig
     from augury.server import ServerConfig, create_app
     from augury.server.running import serve
 
     if args.draft_method != "plain":
         check_k(args.k)
-    target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline, exact=args.exact)
-    proposer = build_proposer(args.draft_method, target, given_draft_options(args))
+    llm = load_from_args(args, load)
+    target, proposer = llm.target, llm.proposer
     scheduler = Scheduler(
         target,
         proposer,
