@@ -10,7 +10,7 @@ from augury.errors import AuguryError
 
 # Each subcommand lives in augury.commands.<name> and exposes register(subparsers),
 # which adds its parser and sets `func` to a callable taking the parsed args.
-SUBCOMMANDS = ("generate", "models", "bench", "serve", "profile", "calibrate", "loadtest")  # generate also registers demo
+SUBCOMMANDS = ("generate", "models", "bench", "serve", "profile", "calibrate", "loadtest", "train")  # generate also registers demo, train export-head
 
 
 def build_parser() -> argparse.ArgumentParser:

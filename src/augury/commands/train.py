@@ -1,0 +1,137 @@
+"""`augury train`: a drafter head for a target, trained here; `augury export-head`: its speculators layout."""
+
+from __future__ import annotations
+
+import argparse
+
+from augury.errors import AuguryError
+from augury.models.store import DEFAULT_TARGET
+
+KINDS = ("mtp", "eagle", "parallel")
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    return parse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="train an MTP, EAGLE or parallel drafter head for a target (CPU or GPU, time-budgeted)",
+        description="Collects the target's hidden states and top-k log-probabilities over a corpus (by default "
+        "the target's own answers to requests it writes itself from its chat template's user prefix, plus any "
+        "--data), trains a one-layer head within --hours, and writes DIR/head.safetensors with its description "
+        "(DIR/head.json): target name and hash, kind, vocabulary subset, data, held-out acceptance by position. "
+        "Draft with it through --draft-method KIND --head DIR.",
+    )
+    p.add_argument("--model", "-m", default=DEFAULT_TARGET, help=f"target model name or path (default {DEFAULT_TARGET})")
+    p.add_argument("--kind", required=True, choices=KINDS, help="head kind")
+    p.add_argument("--hours", required=True, type=_positive(float), help="time budget for the whole run")
+    p.add_argument("--out", required=True, help="folder for the head (and its work files: features, checkpoint)")
+    p.add_argument("--data", action="append", default=[],
+                   help="extra corpus: a JSONL file ({\"messages\": [...]} or {\"text\": ...} per line) or a folder "
+                   "of .txt/.md files (repeatable)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]: where the target and training run")
+    p.add_argument("--dtype", default="bf16", help="the target's dtype while collecting (default bf16)")
+    p.add_argument("--offline", action="store_true", help="never download the target")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out (its corpus and checkpoint)")
+    c = p.add_argument_group("corpus")
+    c.add_argument("--no-generate", dest="generate", action="store_false",
+                   help="do not let the target write a corpus (train on --data only)")
+    c.add_argument("--sequences", type=_positive(int), default=None,
+                   help="stop writing the corpus after this many conversations (default: when its time share ends)")
+    c.add_argument("--collect-share", type=float, default=0.4,
+                   help="share of --hours for writing the corpus (default 0.4)")
+    c.add_argument("--request-tokens", type=_positive(int), default=96, help="longest request written (default 96)")
+    c.add_argument("--answer-tokens", type=_positive(int), default=256, help="longest answer written (default 256)")
+    c.add_argument("--max-batch", type=_positive(int), default=8, help="conversations decoded together (default 8)")
+    h = p.add_argument_group("head")
+    h.add_argument("--feature", choices=("final", "last_layer"), default=None,
+                   help="target state read: its final normed state (eagle, parallel default) or its last layer's "
+                   "output before the final norm (mtp default)")
+    h.add_argument("--feature-loss", type=float, default=None,
+                   help="weight of the smooth-L1 loss on the next state (eagle default 1, mtp 0)")
+    h.add_argument("--train-depth", type=_positive(int), default=None,
+                   help="chained positions unrolled in training (default 2)")
+    h.add_argument("--block", type=_positive(int), default=None, help="parallel: longest block drafted (default 8)")
+    h.add_argument("--intermediate-size", type=_positive(int), default=None,
+                   help="the head layer's MLP width (default: the target's)")
+    o = p.add_argument_group("optimization")
+    o.add_argument("--draft-vocab", type=_positive(int), default=32768,
+                   help="most frequent tokens the head drafts from (default 32768)")
+    o.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (default 0: at the budget)")
+    o.add_argument("--seq-len", type=_positive(int), default=512, help="tokens per training window (default 512)")
+    o.add_argument("--batch", type=_positive(int), default=4, help="windows per step (default 4)")
+    o.add_argument("--lr", type=_positive(float), default=1e-3, help="peak learning rate (default 1e-3)")
+    o.add_argument("--topk", type=_positive(int), default=8, help="target log-probabilities kept per token (default 8)")
+    o.add_argument("--eval-depth", type=_positive(int), default=4, help="positions measured held-out (default 4)")
+    o.add_argument("--holdout", type=float, default=0.05, help="share of conversations held out (default 0.05)")
+    o.add_argument("--save-dtype", default="bf16", help="dtype of the head's matrices on disk (default bf16)")
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run_train)
+
+    e = subparsers.add_parser(
+        "export-head",
+        help="write a trained head in the speculators layout (vllm serve DIR) for GPU clusters",
+        description="Writes config.json (speculators_model_type, transformer_layer_config, verifier, "
+        "proposal method) and model.safetensors for a chained (mtp/eagle) head, the layout speculators and "
+        "vLLM read; the vocabulary subset goes along as d2t/t2d maps.",
+    )
+    e.add_argument("head", help="head folder or file written by `augury train`")
+    e.add_argument("--format", default="speculators", choices=("speculators",))
+    e.add_argument("--out", default=None, help="output folder (default: HEAD/speculators)")
+    e.add_argument("--k", type=_positive(int), default=3, help="speculative tokens the config proposes (default 3)")
+    e.set_defaults(func=run_export)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from augury.models.loader import load_model
+    from augury.proposers.heads import HeadConfig
+    from augury.train.corpus import SelfCorpusPlan
+    from augury.train.trainer import TrainPlan, train
+
+    if not 0 <= args.holdout < 1:
+        raise AuguryError(f"--holdout must be in [0, 1), got {args.holdout}")
+    if args.max_steps < 0:
+        raise AuguryError(f"--max-steps must be >= 0, got {args.max_steps}")
+    if not args.generate and not args.data and not args.resume:
+        raise AuguryError("--no-generate needs --data: there would be nothing to train on")
+    overrides = {name: getattr(args, name) for name in ("feature", "feature_loss", "train_depth", "block",
+                                                        "intermediate_size") if getattr(args, name) is not None}
+    config = HeadConfig.for_kind(args.kind, **overrides)
+    target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline,
+                        progress=not args.quiet)
+    plan = TrainPlan(seq_len=args.seq_len, batch=args.batch, lr=args.lr, max_steps=args.max_steps,
+                     eval_depth=args.eval_depth, topk=args.topk, draft_vocab=args.draft_vocab,
+                     holdout=args.holdout, save_dtype=args.save_dtype, seed=args.seed)
+    corpus_plan = SelfCorpusPlan(request_tokens=args.request_tokens, answer_tokens=args.answer_tokens,
+                                 max_batch=args.max_batch, seed=args.seed)
+    outcome = train(target, config, args.out, hours=args.hours, plan=plan, data_paths=args.data,
+                    generate=args.generate, max_sequences=args.sequences, collect_share=args.collect_share,
+                    corpus_plan=corpus_plan, resume=args.resume, device=args.device, progress=not args.quiet)
+    print(f"wrote {outcome.path}: {outcome.steps} steps in {outcome.seconds:.0f} s on {outcome.tokens} tokens "
+          f"({outcome.sequences} sequences); held-out alpha by position {outcome.alpha} "
+          f"(untrained {outcome.alpha_untrained}); {outcome.disk_bytes / 1e6:.1f} MB on disk")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from augury.train.export import export_speculators
+
+    head = Path(args.head).expanduser()
+    out = Path(args.out).expanduser() if args.out else (head if head.is_dir() else head.parent) / "speculators"
+    written = export_speculators(head, out, speculative_tokens=args.k)
+    print(f"wrote {written} (serve with: vllm serve {out})")
+    return 0
