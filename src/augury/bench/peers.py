@@ -275,7 +275,7 @@ LLAMA_CPP_TOOLS = {
 }
 PEERS_WITH_DRAFT = ("hf-assisted", "llamacpp-spec")  # peers that run the draft model too
 LLAMA_CPP_TIMEOUT_S = 1800.0
-_MS = r"([0-9]+(?:\.[0-9]+)?)"
+_NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
 
 
 def llama_cpp_binary(folder: str | os.PathLike | None, name: str) -> Path:
@@ -354,10 +354,10 @@ def parse_completion_timings(stderr: str) -> LlamaCppTimings:
     added to the decode because augury's decode wall time includes its own.
     """
     tool = "llama-completion"
-    prefill_ms, prompt_tokens = _last(rf"prompt eval time\s*=\s*{_MS} ms\s*/\s*(\d+) tokens", stderr, tool,
+    prefill_ms, prompt_tokens = _last(rf"prompt eval time\s*=\s*{_NUMBER} ms\s*/\s*(\d+) tokens", stderr, tool,
                                       "prompt eval time")
-    (eval_ms, _runs) = _last(rf"(?<!prompt )eval time\s*=\s*{_MS} ms\s*/\s*(\d+) runs", stderr, tool, "eval time")
-    sampling = re.findall(rf"sampling time\s*=\s*{_MS} ms", stderr)
+    (eval_ms, _runs) = _last(rf"(?<!prompt )eval time\s*=\s*{_NUMBER} ms\s*/\s*(\d+) runs", stderr, tool, "eval time")
+    sampling = re.findall(rf"sampling time\s*=\s*{_NUMBER} ms", stderr)
     sampling_ms = float(sampling[-1]) if sampling else 0.0
     return LlamaCppTimings(int(prompt_tokens), float(prefill_ms) / 1e3, (float(eval_ms) + sampling_ms) / 1e3)
 
@@ -365,8 +365,8 @@ def parse_completion_timings(stderr: str) -> LlamaCppTimings:
 def parse_speculative_timings(stderr: str) -> LlamaCppTimings:
     """llama-speculative-simple's summary: encoded (prefill), decoded (the loop), n_drafted, n_accept."""
     tool = "llama-speculative-simple"
-    prompt_tokens, enc_s = _last(rf"encoded\s+(\d+) tokens in\s+{_MS} seconds", stderr, tool, "encoded")
-    committed, dec_s = _last(rf"decoded\s+(\d+) tokens in\s+{_MS} seconds", stderr, tool, "decoded")
+    prompt_tokens, enc_s = _last(rf"encoded\s+(\d+) tokens in\s+{_NUMBER} seconds", stderr, tool, "encoded")
+    committed, dec_s = _last(rf"decoded\s+(\d+) tokens in\s+{_NUMBER} seconds", stderr, tool, "decoded")
     (drafted,) = _last(r"n_drafted\s*=\s*(\d+)", stderr, tool, "n_drafted")
     (accepted,) = _last(r"n_accept\s*=\s*(\d+)", stderr, tool, "n_accept")
     return LlamaCppTimings(
