@@ -100,9 +100,12 @@ def prompt_text(tokenizer, messages: Messages, chat: bool) -> str:
 
 
 def encode_messages(tokenizer, messages: Messages, chat: bool) -> list[int]:
-    """Token ids of a conversation (`prompt_text`); a chat template brings its own special tokens."""
-    text = prompt_text(tokenizer, messages, chat)
-    return tokenizer.encode(text, add_bos=False) if chat else tokenizer.encode(text)
+    """Token ids of a conversation: through the chat template, where only the template's own markers are
+    special tokens (`Tokenizer.encode_chat`; the same ids as `prompt_text` for text without special
+    markers), or its turns concatenated (raw)."""
+    if chat:
+        return tokenizer.encode_chat(messages)
+    return tokenizer.encode(prompt_text(tokenizer, messages, chat))
 
 
 def run_key(prompt_id: str, method: str, k: int) -> tuple[str, str, int]:
