@@ -213,3 +213,85 @@ def test_a_target_without_a_chat_template_needs_data(home):
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
     with pytest.raises(AuguryError, match="needs the target's chat template.*give --data"):
         user_prefix_ids(load_model(str(folder), dtype="fp32"))
+
+
+# -- export to the speculators layout ------------------------------------------------------------
+
+
+def test_export_writes_the_speculators_mtp_layout_that_computes_the_heads_layer(target_dir, home, capsys):
+    """Checked against speculators' documented schema (its package needs torch from PyPI with CUDA, so it is
+    not installed here) and against transformers' own Qwen2 layer loaded with the exported weights."""
+    import transformers
+    from safetensors.torch import load_file
+    from transformers.models.qwen2 import modeling_qwen2
+
+    from augury.models.loader import load_model
+    from augury.proposers.heads import load_head
+
+    out = home / "head"
+    assert _train("--model", str(target_dir), "--kind", "eagle", "--out", str(out), "--max-steps", "5", *QUICK,
+                  "--save-dtype", "fp32") == 0  # fp32 throughout, so that the comparison below can be tight
+    assert main(["export-head", str(out), "--format", "speculators", "--k", "4", "--verifier", "org/tiny"]) == 0
+    assert "vllm serve" in capsys.readouterr().out
+    spec = out / "speculators"
+    config = json.loads((spec / "config.json").read_text())
+    assert config["speculators_model_type"] == "mtp" and config["architectures"] == ["MTPDraftModel"]
+    assert config["num_nextn_predict_layers"] == 1
+    sc = config["speculators_config"]
+    assert sc["algorithm"] == "mtp" and sc["default_proposal_method"] in [m["proposal_type"] for m in sc["proposal_methods"]]
+    assert sc["proposal_methods"] == [{"proposal_type": "greedy", "speculative_tokens": 4, "verifier_accept_k": 1,
+                                       "accept_tolerance": 0.0}]
+    assert sc["verifier"] == {"name_or_path": "org/tiny", "architectures": ["Qwen2ForCausalLM"]}
+    layer_cfg = config["transformer_layer_config"]
+    assert layer_cfg["model_type"] == "qwen2" and layer_cfg["num_hidden_layers"] == 1
+
+    weights = load_file(str(spec / "model.safetensors"))
+    names = {"input_proj", "hidden_layernorm", "token_layernorm", "final_layernorm", "input_layernorm",
+             "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+             "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
+    expected = {f"mtp_layers.0.{n}.weight" for n in names} | {f"mtp_layers.0.self_attn.{n}_proj.bias" for n in "qkv"}
+    assert set(weights) == expected
+
+    target = load_model(str(target_dir), dtype="fp32")
+    head = load_head(out, target).head
+    maps = load_file(str(spec / "draft_vocab.safetensors"))
+    assert torch.equal(torch.arange(maps["d2t"].numel()) + maps["d2t"], head.weights.vocab)
+    assert int(maps["t2d"].sum()) == config["augury"]["draft_vocab_size"] == head.weights.vocab.numel()
+
+    # the exported layer, run by transformers, computes the head's layer (and its input projection)
+    hf_config = transformers.Qwen2Config(**{k: v for k, v in layer_cfg.items() if k not in ("model_type", "architectures")})
+    hf_config._attn_implementation = "eager"
+    layer = modeling_qwen2.Qwen2DecoderLayer(hf_config, layer_idx=0).float().eval()
+    own = {k.removeprefix("mtp_layers.0."): v.float() for k, v in weights.items()}
+    layer.load_state_dict({k: v for k, v in own.items() if k.split(".")[0] in ("self_attn", "mlp", "input_layernorm",
+                                                                              "post_attention_layernorm")})
+    rotary = modeling_qwen2.Qwen2RotaryEmbedding(hf_config)
+    gen = torch.Generator().manual_seed(0)
+    states, tokens = torch.randn(1, 7, 64, generator=gen), torch.randint(0, 90, (1, 7), generator=gen)
+    embedded = head.embed(tokens)
+
+    def norm(x, weight):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + layer_cfg["rms_norm_eps"]) * weight
+
+    theirs_x = torch.cat([norm(embedded, own["token_layernorm.weight"]), norm(states, own["hidden_layernorm.weight"])],
+                         -1) @ own["input_proj.weight"].T
+    ours_x = head.inputs(states, embedded)
+    assert torch.allclose(theirs_x, ours_x, atol=1e-5)
+    positions = torch.arange(7)[None]
+    with torch.no_grad():
+        causal = torch.full((7, 7), float("-inf")).triu(1)[None, None]
+        theirs = layer(theirs_x, attention_mask=causal, position_ids=positions,
+                       position_embeddings=rotary(theirs_x, positions))
+        theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+        ours = head.layer(ours_x, head.new_cache(1, 16))
+    assert torch.allclose(theirs, ours, atol=1e-4), float((theirs - ours).abs().max())
+    assert torch.equal(own["final_layernorm.weight"], target.decoder.weights.final_norm.float())
+
+
+def test_export_refuses_a_parallel_head(target_dir, home, capsys):
+    out = home / "par"
+    assert _train("--model", str(target_dir), "--kind", "parallel", "--out", str(out), "--max-steps", "2", *QUICK) == 0
+    assert main(["export-head", str(out)]) == 2
+    assert "a parallel head has no speculators layout" in capsys.readouterr().err
+    assert main(["export-head", str(home / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -91,6 +91,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--format", default="speculators", choices=("speculators",))
     e.add_argument("--out", default=None, help="output folder (default: HEAD/speculators)")
     e.add_argument("--k", type=_positive(int), default=3, help="speculative tokens the config proposes (default 3)")
+    e.add_argument("--verifier", default=None,
+                   help="the verifier's Hugging Face id for vLLM (default: the target name the head was trained for)")
     e.set_defaults(func=run_export)
 
 
@@ -132,6 +134,6 @@ def run_export(args: argparse.Namespace) -> int:
 
     head = Path(args.head).expanduser()
     out = Path(args.out).expanduser() if args.out else (head if head.is_dir() else head.parent) / "speculators"
-    written = export_speculators(head, out, speculative_tokens=args.k)
+    written = export_speculators(head, out, speculative_tokens=args.k, verifier=args.verifier)
     print(f"wrote {written} (serve with: vllm serve {out})")
     return 0

@@ -529,7 +529,10 @@ def train(
             bar.update(done[0] / total, tokens=done[0])
 
         t0 = time.monotonic()
-        shards = feats.collect(target, corpus.sequences, config, work, topk=plan.topk, progress=tick)
+        # states take one prefill per sequence, far cheaper than writing; still, never more than a
+        # further fifth of the budget, so that training keeps its time
+        shards = feats.collect(target, corpus.sequences, config, work, topk=plan.topk, progress=tick,
+                               deadline=max(collect_deadline, time.monotonic()) + 0.2 * budget)
         bar.close()
         manifest.update(
             shards=[p.name for p in shards], sources=corpus.description, tokens=done[0],
@@ -608,7 +611,9 @@ def train(
     if save_dtype is None:
         raise AuguryError(f"unknown --save-dtype '{plan.save_dtype}' (choose from bf16, fp16, fp32)")
     try:
-        path = save_head(out, trainable.own(), vocab, counts, meta, dtype=save_dtype)
+        # the target's final norm goes along for `augury export-head` (drafting reads the target's own)
+        path = save_head(out, {**trainable.own(), "target.final_norm": final_norm.float().cpu()}, vocab, counts, meta,
+                         dtype=save_dtype)
     except OSError as exc:
         raise no_space(exc, out, f"the checkpoint in {work} is kept; --resume writes the head again") from None
     disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
