@@ -231,6 +231,30 @@ def test_summary_lists_greedy_mismatches_with_first_position():
     assert summarize(records, run_info([("plain", 0), ("model", 4)], ["1", "2"], temperature=0.7)).mismatches == []
 
 
+def test_each_weight_format_is_compared_with_plain_decoding_on_the_same_weights():
+    """plain (gguf) and plain@bf16 round differently; model@bf16 must equal plain@bf16, not plain."""
+    records = [
+        hand_record("1", "a", "plain", 0, 3, 1.0, token_ids=[1, 2, 3]),
+        hand_record("1", "a", "model", 4, 3, 1.0, token_ids=[1, 2, 3]),
+        hand_record("1", "a", "plain@bf16", 0, 3, 1.0, token_ids=[1, 2, 4]),
+        hand_record("1", "a", "model@bf16", 4, 3, 1.0, token_ids=[1, 2, 4]),
+    ]
+    keys = [("plain", 0), ("model", 4), ("plain@bf16", 0), ("model@bf16", 4)]
+    s = summarize(records, run_info(keys, ["1"]))
+    assert s.compared[("model", 4)] == (1, 1)
+    assert s.compared[("model@bf16", 4)] == (1, 1)
+    assert s.compared[("plain@bf16", 0)] == (0, 1)  # against plain on the default weights: a difference shown
+    assert s.cell("a", ("plain@bf16", 0)).speedup == 1.0  # speed is still relative to the one plain
+
+
+def test_methods_may_name_a_weight_format():
+    from augury.commands.bench import parse_methods
+
+    assert parse_methods("plain,model@bf16,plain@gguf") == ["plain", "model@bf16", "plain@gguf"]
+    with pytest.raises(AuguryError, match="unknown weights 'int3' in 'plain@int3'"):
+        parse_methods("plain@int3")
+
+
 def test_first_difference():
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1

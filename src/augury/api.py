@@ -79,18 +79,20 @@ def load(
     device: str = "cpu",
     offline: bool = False,
     exact: bool = True,
+    weights: str | None = None,
     **options: object,
 ) -> LLM:
     """Load a target (a known name, a .gguf file, a Hugging Face folder, or a loaded Model) and its drafter.
 
     draft_method: plain, model, ngram, suffix, hybrid, cross, layerskip,
-    quantized; options: that method's own options (see
+    quantized; weights: "gguf" (a GGUF file's own low-bit blocks, the default
+    on CPUs where the kernel runs) or "bf16" (dequantized); options: that method's own options (see
     `augury.proposers.options`), e.g. draft="qwen2.5-coder-0.5b-instruct" or
     ngram_max=3. An option the method does not read is an AuguryError.
     """
     check_options(draft_method, options)  # a mistyped option fails before gigabytes load
     model = target if isinstance(target, Model) else load_model(
-        target, dtype=dtype, device=device, offline=offline, exact=exact
+        target, dtype=dtype, device=device, offline=offline, exact=exact, weights=weights
     )
     proposer = build_proposer(draft_method, model, options, dtype=dtype, device=device, offline=offline)
     return LLM(model, proposer, k=k, method=draft_method)

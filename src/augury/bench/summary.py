@@ -172,6 +172,13 @@ class Summary:
         return self.cells.get((task, key))
 
 
+def _plain_of(key: Key, keys: list[Key], kinds: dict[Key, str]) -> Key | None:
+    """The plain run on the same weights as `key` ("plain@bf16" for "model@bf16"), if the run has one."""
+    _, at, weights = key[0].partition("@")
+    wanted = f"{PLAIN}@{weights}" if at else PLAIN
+    return next((k for k in keys if k[0] == wanted and kinds[k] == "augury"), None)
+
+
 def first_difference(ours: list[int], plain: list[int]) -> int | None:
     """The first output position where two token lists differ (None if equal)."""
     for i, (a, b) in enumerate(zip(ours, plain)):
@@ -228,15 +235,21 @@ def summarize(records: list[dict], info: dict) -> Summary:
     mismatches: list[Mismatch] = []
     if greedy and plain_key is not None:
         for key in keys:
-            if key == plain_key or kinds[key] == "endpoint":
+            # "model@bf16" is compared with "plain@bf16" where that ran: speculation is lossless
+            # against plain decoding on the same weights; other weights round differently.
+            # plain@bf16 itself is compared with the default plain: how far the two weights agree.
+            own_plain = _plain_of(key, keys, kinds) or plain_key
+            own_plain = plain_key if own_plain == key else own_plain
+            if key == own_plain or kinds[key] == "endpoint":
                 continue
+            base_records = by_key[own_plain]
             same = total = 0
             for pid, record in by_key[key].items():
-                if pid not in plain:
+                if pid not in base_records:
                     continue
                 total += 1
                 ok = True
-                for turn, (ours, base) in enumerate(zip(record["token_ids"], plain[pid]["token_ids"])):
+                for turn, (ours, base) in enumerate(zip(record["token_ids"], base_records[pid]["token_ids"])):
                     pos = first_difference(ours, base)
                     if pos is not None:
                         ok = False

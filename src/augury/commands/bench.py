@@ -66,13 +66,21 @@ def add_peer_args(p: argparse.ArgumentParser, peers_help: str, bare: str | None 
 
 
 def parse_methods(spec: str | None) -> list[str]:
-    """Method names from a comma list, checked against the proposer registry."""
+    """Method names from a comma list, checked against the proposer registry.
+
+    A name may carry a weight format, `plain@bf16`: that contender runs on a
+    target loaded with those weights (see --weights), so formats compare in one run.
+    """
+    from augury.models.loader import WEIGHT_FORMATS
     from augury.proposers import METHODS
 
     names = list(dict.fromkeys(s.strip() for s in (spec or "").split(",") if s.strip()))
     for name in names:
-        if name != "plain" and name not in METHODS:
-            raise AuguryError(f"unknown method '{name}' (choose from plain, {', '.join(sorted(METHODS))})")
+        method, _, weights = name.partition("@")
+        if method != "plain" and method not in METHODS:
+            raise AuguryError(f"unknown method '{method}' (choose from plain, {', '.join(sorted(METHODS))})")
+        if weights and weights not in WEIGHT_FORMATS:
+            raise AuguryError(f"unknown weights '{weights}' in '{name}' (choose from {', '.join(WEIGHT_FORMATS)})")
     return names
 
 
@@ -116,7 +124,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from augury.engine import check_k
 
     methods = parse_methods(args.methods if args.methods is not None else ("" if args.endpoint else "plain,model"))
-    drafting = [m for m in methods if m != "plain"]
+    drafting = list(dict.fromkeys(m.partition("@")[0] for m in methods if m.partition("@")[0] != "plain"))
     ks = parse_ks(args.sweep_k, args.k)
     check_k(args.k)
     peers = parse_peers(args.peers)
@@ -220,15 +228,25 @@ def _build_local(args: argparse.Namespace, methods: list[str], ks: list[int], op
     from augury.models.loader import load_model
     from augury.proposers import build_proposer
 
-    target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline, exact=args.exact)
+    targets: dict[str | None, object] = {}
+
+    def target_for(weights: str | None):
+        if weights not in targets:
+            targets[weights] = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline,
+                                          exact=args.exact, weights=weights)
+        return targets[weights]
+
+    target = target_for(args.weights)
     contenders = []
     draft_model = None
-    for method in methods:
-        proposer = build_proposer(method, target, options.get(method))
+    for name in methods:
+        method, _, weights = name.partition("@")
+        on = target_for(weights or args.weights)
+        proposer = build_proposer(method, on, options.get(method))
         if proposer is None:
-            contenders.append(EngineContender(target, None, "plain", 0))
+            contenders.append(EngineContender(on, None, name, 0))
             continue
         if method == "model":
             draft_model = getattr(proposer, "model", None)
-        contenders.extend(EngineContender(target, proposer, method, k) for k in ks)
+        contenders.extend(EngineContender(on, proposer, name, k) for k in ks)
     return target, contenders, draft_model

@@ -14,6 +14,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="bf16", help="bf16 (default, fast on CPUs with AMX/AVX-512), fp16 or fp32")
     g.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     g.add_argument("--offline", action="store_true", help="never download: use only models already pulled")
+    g.add_argument("--weights", default=None, choices=("gguf", "bf16"),
+                   help="gguf: multiply a GGUF file's own low-bit blocks (default on CPUs where augury's kernel "
+                   "builds); bf16: dequantize them to --dtype (the path for safetensors models too)")
     g.add_argument(
         "--no-exact",
         dest="exact",
@@ -99,4 +102,4 @@ def load_from_args(args: argparse.Namespace, load):
     """`augury.load` with the model, drafting and method-option flags (generate and serve load alike)."""
     options = {k: v for k, v in given_draft_options(args).items() if k not in ("dtype", "device", "offline")}
     return load(args.model, draft_method=args.draft_method, k=args.k, dtype=args.dtype, device=args.device,
-                offline=args.offline, exact=args.exact, **options)
+                offline=args.offline, exact=args.exact, weights=args.weights, **options)
