@@ -290,3 +290,18 @@ def test_rejection_sampling_stays_available_and_is_reported():
     assert SamplingParams().mode == "greedy" and SamplingParams(temperature=0.7, seed=1).mode == "coupled"
     with pytest.raises(AuguryError, match="coupling must be one of"):
         SamplingParams(coupling="gumbel")
+
+
+def test_the_planner_starts_from_the_measured_cost_curve():
+    """A profile's curve (forward ms by new tokens) is the planner's prior before it measured anything:
+    with verification that costs 3x one token at 5 tokens, a sequence alone is not drafted for at
+    a middling acceptance; with a flat curve it is."""
+    from augury.planner import DraftOdds, Planner, plan_step
+
+    odds = [DraftOdds.independent(0.5, 4)]
+    steep = Planner(4, batched=False, curve={1: 30.0, 2: 40.0, 4: 70.0, 5: 90.0})
+    flat = Planner(4, batched=False, curve={1: 30.0, 2: 30.5, 4: 31.0, 5: 31.5})
+    for planner in (steep, flat):
+        planner.costs.observe_draft(1, 4, 4 * 0.003)
+    assert plan_step(steep.costs, odds, [10], [None], 4, choices=(0, 4)) == [0]
+    assert plan_step(flat.costs, odds, [10], [None], 4, choices=(0, 4)) == [4]

@@ -297,12 +297,25 @@ class Planner:
     # Drafted tokens, server-wide, before the measured acceptance replaces the prior.
     TRUST_AFTER_DRAFTED = 32
 
-    def __init__(self, k_max: int, *, batched: bool, adaptive: bool = True, probe_every: int = 16) -> None:
+    def __init__(
+        self,
+        k_max: int,
+        *,
+        batched: bool,
+        adaptive: bool = True,
+        probe_every: int = 16,
+        curve: dict[int, float] | None = None,
+    ) -> None:
+        """curve: the target's measured forward milliseconds by new tokens for one sequence (`augury
+        profile`, `costs.load_cost_curve`): a prior for the step costs before this run measured its own."""
         self.k_max = k_max
         self.batched = batched
         self.adaptive = adaptive
         self.tally = DraftTally(k_max)
         self.costs = StepCosts()
+        for tokens, ms in sorted((curve or {}).items()):
+            if tokens <= k_max + 1:
+                self.costs.observe_target(1, tokens, ms / 1000.0)
         self.drafted = 0  # server-wide drafted and accepted tokens
         self.accepted = 0
         self.steps = 0

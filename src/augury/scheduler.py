@@ -35,7 +35,7 @@ from augury.models.loader import Model
 from augury.planner import Planner, load_dependent
 from augury.proposers.base import Proposer, batches
 from augury.sampling import SamplingParams
-from augury.step import GenerationResult, Request, check_k, draft, prefill, step
+from augury.step import GenerationResult, Request, TokenLogprob, check_k, draft, prefill, step
 
 log = logging.getLogger("augury.scheduler")
 
@@ -53,6 +53,9 @@ class Admitted:
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    # For requests that asked for logprobs: those of the tokens committed since the previous delta
+    # (tokens past the end, e.g. an end-of-sequence token, excluded; the rest are in the result).
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class Ticket:
         self.cancelled = False  # set by any thread; the engine thread acts on it between steps
         self.request: Request | None = None
         self.admitted_at: float | None = None
+        self.logprobs_sent = 0  # output tokens whose logprobs went out with a TextDelta
 
     def emit(self, event: Event) -> None:
         try:
@@ -154,6 +158,16 @@ class SchedulerStats:
         return self.decode.tau
 
 
+def _cost_curve(target: Model) -> dict[int, float] | None:
+    """The target's verification cost curve as `augury profile` measured it on this machine, if it did."""
+    from augury.costs import load_cost_curve
+
+    try:
+        return load_cost_curve(target)
+    except (OSError, ValueError):
+        return None
+
+
 class Scheduler:
     """Continuous batching over one target model and an optional proposer (see the module doc)."""
 
@@ -168,7 +182,7 @@ class Scheduler:
         k_max = check_k(config.k) if proposer is not None else 0
         self.planner = Planner(
             k_max, batched=proposer is not None and batches(proposer),
-            adaptive=config.adaptive_k, probe_every=config.probe_every,
+            adaptive=config.adaptive_k, probe_every=config.probe_every, curve=_cost_curve(target),
         )
         self.capacity = config.seq_capacity(target.config.context_length)
         if self.capacity < 16:
@@ -388,8 +402,16 @@ class Scheduler:
                 self.planner.costs.observe_draft(measured.rows, measured.rounds, measured.seconds)
 
     def _emit_deltas(self, ticket: Ticket, deltas: list[str]) -> None:
-        for text in deltas:
-            ticket.emit(TextDelta(text))
+        if not deltas:
+            return
+        request = ticket.request
+        logprobs: tuple[TokenLogprob, ...] = ()
+        if request.logprobs is not None:
+            committed = len(request.seq.output)
+            logprobs = tuple(request.logprobs[ticket.logprobs_sent : committed])
+            ticket.logprobs_sent = committed
+        for i, text in enumerate(deltas):
+            ticket.emit(TextDelta(text, logprobs if i == 0 else ()))
 
     def _release(self, ticket: Ticket, failure: Failed | None = None, *, cancelled: bool = False) -> None:
         """Take a ticket out of the batch: close it, report how it ended, free its row at once."""
