@@ -451,6 +451,11 @@ class HeadProposer(ProposerBase):
         """
         params = seq.params
         vocab = self.head.weights.vocab
+        if params.greedy and not params.has_penalties and params.min_tokens == 0:
+            # No transform changes the argmax, and the subset is ascending: its first maximum is the
+            # full row's (what `probabilities` would pick), without building a vocabulary-wide row.
+            tokens.append(int(vocab[logits.argmax()]))
+            return True
         full = torch.full((1, self.head.vocab_size), float("-inf"), device=logits.device)
         full[0, vocab] = logits.float()
         q_row = probabilities(full, params, seq.prompt, seq.output, tokens)[0]
