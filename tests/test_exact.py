@@ -132,6 +132,8 @@ def enumerate_drafts(
             draft = proposer.propose(seq, k)
             proposer.finish(seq)
         assert len(draft.tokens) <= k
+        assert asked or draft.q_draft is None or not draft.tokens, (
+            f"{case.name} reported a q_draft but did not sample through sampling.sample: its draws cannot be scripted")
         if not asked:
             drafts.append((list(draft.tokens), None if draft.q_draft is None else normalized(draft.q_draft), 1.0))
             return
@@ -316,7 +318,8 @@ MUTANTS = {
     # accept when u >= min(1, p/q) instead of u < min(1, p/q)
     "accept-compared-with-the-wrong-side": (
         "verify_chain", "if uniforms[i] >= accept_probability(", "if uniforms[i] < accept_probability("),
-    # sample the recovered token from max(0, p_target - q_draft) without dividing by its mass
+    # sample the recovered token from max(0, p_target - q_draft) without dividing by its mass (torch.multinomial
+    # would rescale it, but RandomSource.categorical takes a distribution: an inverse-CDF source would not)
     "residual-not-normalized": ("recovered_distribution", "return residual / total", "return residual"),
     # the bonus token from the last drafted position's q_draft instead of p_target's extra row
     "bonus-from-q_draft": (

@@ -76,6 +76,21 @@ def test_greedy_speculative_equals_plain(case, params_name, k, greedy_target):
     check_greedy_equivalence(greedy_target, proposer, GREEDY_PARAMS[params_name], k, f"{case.name} {params_name} K={k}")
 
 
+def test_the_quantized_cases_are_int4_and_int8(greedy_target):
+    """The default self-drafter (int4) and the int8 case must really differ, or one format goes unproven."""
+    from augury.models.decoder import LINEAR_FIELDS
+    from augury.proposers.quantized import int4_matmul_available
+
+    if not int4_matmul_available(greedy_target.decoder):
+        pytest.skip("torch's int4 kernel does not run here: the default falls back to int8")
+    formats = {}
+    for name in ("quantized", "quantized-int8"):
+        weights = make_proposer(next(c for c in PROPOSER_CASES if c.name == name), greedy_target).decoder.weights
+        linears = [getattr(layer, field) for layer in weights.layers for field in LINEAR_FIELDS] + [weights.lm_head]
+        formats[name] = {type(w).__name__ for w in linears}
+    assert formats == {"quantized": {"Int4Weight"}, "quantized-int8": {"Int8Weight"}}, formats
+
+
 class NeverDrafts(ProposerBase):
     name = "never"
 
