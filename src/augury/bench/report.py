@@ -90,7 +90,7 @@ def tables(s: Summary) -> list[Table]:
         rows,
     ))
 
-    drafting = [key for key in s.keys if (agg := s.cell(OVERALL, key)) is not None and agg.drafted]
+    drafting = [key for key in s.keys if (agg := s.cell(OVERALL, key)) is not None and agg.drafted_at]
     if drafting:
         width = max(len(s.cell(OVERALL, key).acceptance_by_position) for key in drafting)
         rows = []
@@ -182,7 +182,7 @@ def plot_speedup(s: Summary):
 
 def plot_acceptance(s: Summary):
     """Acceptance rate at each draft position, one line per drafting method."""
-    keys = [key for key in s.keys if (agg := s.cell(OVERALL, key)) is not None and agg.drafted]
+    keys = [key for key in s.keys if (agg := s.cell(OVERALL, key)) is not None and agg.drafted_at]
     if not keys:
         return None
     plt = _figure()
