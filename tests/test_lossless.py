@@ -156,7 +156,9 @@ def test_drafters_sample_from_the_q_draft_they_report(case, dtype, monkeypatch):
     engine = Engine(target, recorder, k=3)
     params = dict(temperature=0.9, top_k=8, top_p=0.95, repetition_penalty=1.2, frequency_penalty=0.3, max_tokens=20)
     for seed in range(6):
-        engine.generate([1, 2, 3, 4, 1, 2, 3][: 4 + seed % 4], SamplingParams(**params, seed=seed, coupling="rejection"))
+        # the prompt holds the last id, which a truncated drafter head (model-lean) has no column for
+        prompt = [vocab - 1, 1, 2, 3, 4, 1, 2, 3][: 5 + seed % 4]
+        engine.generate(prompt, SamplingParams(**params, seed=seed, coupling="rejection"))
     assert sum(len(draft) for draft, _, _ in recorder.records) > 0, f"{case.name} never drafted"
     for draft, draws, moved in recorder.records:
         if draft.q_draft is None:
@@ -398,3 +400,13 @@ def test_a_drafters_row_equals_the_targets_row_at_that_position(params):
         assert torch.equal(alone, block[i]), f"row {i}: the drafter's one row and the target's block row differ"
         replayed = probabilities(logits[i : i + 1], params, prompt, output + drafted[:i])[0]
         assert torch.equal(alone, replayed), f"row {i}: drafted tokens must count as plain decoding's output"
+
+
+def test_a_truncated_heads_row_is_the_full_row_restricted():
+    """A drafter projecting onto the first W ids only gets p restricted to them, penalties included, ids past W ignored."""
+    params = SamplingParams(temperature=1.0, repetition_penalty=1.3, presence_penalty=0.3, frequency_penalty=0.4)
+    logits = torch.randn(3, 6, generator=torch.Generator().manual_seed(2))
+    prompt, output, drafted = [1, 5, 2], [4, 5], [3, 5]  # id 5 has no column in a 5-wide head
+    full = probabilities(logits, params, prompt, output, drafted)[:, :5]
+    torch.testing.assert_close(probabilities(logits[:, :5], params, prompt, output, drafted),
+                               full / full.sum(-1, keepdim=True))

@@ -125,17 +125,19 @@ def apply_penalties(
     out_counts = torch.zeros(n, vocab, device=device)
     if history:
         out_counts += torch.bincount(torch.tensor(history, device=device), minlength=vocab)[:vocab].float()
-    later = drafted[every_row : every_row + n - 1]  # row i also sees later[:i]
+    # Row i also sees later[:i]. Ids past the logits' width (a drafter's truncated
+    # head has no column for them) are counted nowhere, as bincount's cut does above.
+    later = [(row, token) for row, token in enumerate(drafted[every_row : every_row + n - 1], 1) if token < vocab]
     if later:
         steps = torch.zeros(n, vocab, device=device)
-        rows = torch.arange(1, len(later) + 1, device=device)
-        steps[rows, torch.tensor(later, device=device)] = 1.0
+        steps[torch.tensor(later, device=device).T.unbind()] = 1.0
         out_counts += steps.cumsum(0)
     logits = logits.clone()
     if params.repetition_penalty != 1.0:
         seen = out_counts > 0
-        if prompt:
-            seen[:, torch.tensor(prompt, device=device)] = True
+        prompt_ids = [token for token in prompt if token < vocab]
+        if prompt_ids:
+            seen[:, torch.tensor(prompt_ids, device=device)] = True
         penalized = torch.where(logits > 0, logits / params.repetition_penalty, logits * params.repetition_penalty)
         logits = torch.where(seen, penalized, logits)
     logits -= params.frequency_penalty * out_counts
