@@ -32,8 +32,11 @@ def _step(mats: list, widths: list[int], rows: int, dtype: torch.dtype) -> Calla
     return run
 
 
-def time_step(mats: list, rows_list: list[int], dtype: torch.dtype, repeats: int = 5) -> dict[int, float]:
-    """Median ms of one pass over all `mats` for each row count."""
+def time_step(
+    mats: list, rows_list: list[int], dtype: torch.dtype, repeats: int = 5, clock=time.perf_counter
+) -> dict[int, float]:
+    """Median ms of one pass over all `mats` for each row count (clock: wall time, or process CPU time
+    divided by the threads, which on a busy shared machine leaves out the time other processes ran)."""
     widths = [m.shape[1] for m in mats]
     out = {}
     for rows in rows_list:
@@ -41,9 +44,9 @@ def time_step(mats: list, rows_list: list[int], dtype: torch.dtype, repeats: int
         run()
         times = []
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = clock()
             run()
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
         out[rows] = statistics.median(times) * 1e3
     return out
 
@@ -78,17 +81,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", default="1,2,4,5,8,16,32")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--bf16", action="store_true", help="also time the dequantized bf16 oneDNN path")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cpu-time", action="store_true", help="time by process CPU time / threads (busy machines)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    clock = (lambda: time.process_time() / args.threads) if args.cpu_time else time.perf_counter
     rows = [int(r) for r in args.rows.split(",")]
     t0 = time.perf_counter()
     mats = model_matrices(str(resolve(args.model, offline=True)))
     print(f"loaded and repacked in {time.perf_counter() - t0:.1f} s; kernel isa {mats[0].kernel and mats[0].kernel.available_isas()[0]}")
-    print(report("gguf kernel", mats, time_step(mats, rows, torch.bfloat16, args.repeats)), flush=True)
+    print(report("gguf kernel", mats, time_step(mats, rows, torch.bfloat16, args.repeats, clock)), flush=True)
     if args.bf16:
         dense = []
         while mats:
             dense.append(OneDnnWeight(mats.pop(0).dense()))
-        print(report("bf16 oneDNN", dense, time_step(dense, rows, torch.bfloat16, args.repeats)))
+        print(report("bf16 oneDNN", dense, time_step(dense, rows, torch.bfloat16, args.repeats, clock)))
 
 
 if __name__ == "__main__":

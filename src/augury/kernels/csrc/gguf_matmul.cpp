@@ -67,6 +67,7 @@ inline I or_and(I a, I b, I m) {
 template <int N> inline I srl16(I a) { return {_mm256_srli_epi16(a.lo, N), _mm256_srli_epi16(a.hi, N)}; }
 template <int N> inline I sll16(I a) { return {_mm256_slli_epi16(a.lo, N), _mm256_slli_epi16(a.hi, N)}; }
 inline I zero_i() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 inline I bcast_i32(const int32_t* p) { const __m256i v = _mm256_set1_epi32(*p); return {v, v}; }
 inline I add_i(I a, I b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
 
@@ -201,6 +202,7 @@ inline I or_and(I a, I b, I m) { return {_mm512_ternarylogic_epi32(a.v, b.v, m.v
 template <int N> inline I srl16(I a) { return {_mm512_srli_epi16(a.v, N)}; }
 template <int N> inline I sll16(I a) { return {_mm512_slli_epi16(a.v, N)}; }
 inline I zero_i() { return {_mm512_setzero_si512()}; }
+inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 inline I bcast_i32(const int32_t* p) { return {_mm512_set1_epi32(*p)}; }
 inline I add_i(I a, I b) { return {_mm512_add_epi32(a.v, b.v)}; }
 
