@@ -536,7 +536,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "ab", "n": 2}, 400, "n"),
     ("/v1/completions", {"prompt": "ab", "best_of": 3}, 400, "best_of"),
     ("/v1/completions", {"prompt": "ab", "echo": True}, 400, "echo"),
-    ("/v1/completions", {"prompt": "ab", "logprobs": 2}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "ab", "logprobs": 21}, 400, "logprobs"),
     ("/v1/completions", {"prompt": "ab", "stream": "yes"}, 400, "stream"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),

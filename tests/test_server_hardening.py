@@ -784,8 +784,14 @@ def test_min_tokens_over_the_server():
         assert chat.json()["usage"]["completion_tokens"] == 8
         assert_error(http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 4, "min_tokens": 5}),
                      400, "min_tokens")
-        assert_error(http.post("/v1/completions", json={"prompt": "abc", "min_tokens": 2, "stop": "x"}), 400,
-                     "min_tokens", "unsupported_parameter")
+        # With a stop string: one that ends within the first min_tokens tokens does not stop the output.
+        stop = got["choices"][0]["text"][1:3]
+        with_stop = http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 12, "temperature": 0,
+                                                       "min_tokens": 6, "stop": stop}).json()
+        params = SamplingParams(max_tokens=12, min_tokens=6, stop=(stop,), eos_ids=frozenset({eos}))
+        assert with_stop["choices"][0]["text"] == Engine(target).generate(encode("abc"), params).text
+        assert with_stop["choices"][0]["text"].startswith(got["choices"][0]["text"][:3])
+        assert with_stop["usage"]["completion_tokens"] >= 6
         assert_error(http.post("/v1/completions", json={"prompt": "abc", "min_tokens": -1}), 400, "min_tokens")
 
 
@@ -808,7 +814,8 @@ def test_fields_that_change_the_answer_are_refused_and_harmless_ones_accepted():
         assert got.status_code == 200, got.text
         plain = http.post("/v1/chat/completions", json={**chat, "temperature": 0})
         assert got.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
-        for name in ("logprobs", "top_logprobs"):  # items 10 and 11 are not built yet: refused, clearly
+        # logprobs of the wrong type, top_logprobs without logprobs, json_object without an end token
+        for name in ("logprobs", "top_logprobs"):
             assert_error(http.post("/v1/chat/completions", json={**chat, name: 2}), 400, name)
         assert_error(http.post("/v1/chat/completions", json={**chat, "response_format": {"type": "json_object"}}),
                      400, "response_format")

@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -42,6 +42,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from augury.errors import AuguryError
+from augury.grammar import JsonObjectConstraint
 from augury.models.loader import Model
 from augury.models.tokenizer import Tokenizer
 from augury.sampling import SamplingParams
@@ -49,6 +50,7 @@ from augury.scheduler import Admitted, Event, Failed, Finished, QueueFull, Sched
 from augury.server import prometheus
 from augury.server.schemas import (
     MAX_JSON_DEPTH,
+    MAX_TOP_LOGPROBS,
     ApiError,
     Limits,
     chat_schema,
@@ -58,6 +60,7 @@ from augury.server.schemas import (
     openapi,
     validate,
 )
+from augury.step import GenerationResult, TokenLogprob
 
 log = logging.getLogger("augury.server")
 
@@ -66,6 +69,10 @@ PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 CHARS_PER_TOKEN_LIMIT = 32  # default character limit per prompt token: far above any tokenizer's average
+# The lowest log-probability reported (JSON has no -inf; OpenAI's value). A chosen token's is
+# clamped to it; alternatives below it are left out: the request's transform rules them out (a
+# grammar mask, min_tokens' end-token mask) or as good as (a probability under e^-9999).
+LOWEST_LOGPROB = -9999.0
 
 
 @dataclass
@@ -101,6 +108,33 @@ class ServerState:
     responses: Counter = field(default_factory=Counter)  # HTTP status -> count
     draining: bool = False  # shutting down: new requests get 503, running ones may finish
     in_flight: int = 0  # generation requests between arrival and their last byte
+    json_object: JsonObjectConstraint | None = None  # built by the first json_object request, then shared
+    json_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    token_texts: dict[int, str] = field(default_factory=dict)  # token id -> its text, for logprobs
+
+    async def json_constraint(self) -> JsonObjectConstraint:
+        """The response_format json_object mask, built once and off the event loop.
+
+        Building it decodes the whole vocabulary (about a second for 150k
+        tokens); its per-state masks are cached inside it, so every request
+        shares one. Only the engine thread uses it after that.
+        """
+        async with self.json_lock:
+            if self.json_object is None:
+                tokenizer = self.target.tokenizer
+                vocab = self.target.config.vocab_size
+                vocab = min(vocab, getattr(tokenizer, "vocab_size", vocab))  # ids past it are never allowed
+                loop = asyncio.get_running_loop()
+                self.json_object = await loop.run_in_executor(
+                    self.tokenize_pool, JsonObjectConstraint.for_tokenizer, tokenizer, vocab)
+            return self.json_object
+
+    def token_text(self, token: int) -> str:
+        """A token's text for logprobs: the tokenizer's decoding of that id alone (special tokens too)."""
+        text = self.token_texts.get(token)
+        if text is None:
+            text = self.token_texts[token] = self.target.tokenizer.decode([token], skip_special=False)
+        return text
 
     async def drain(self, finish_by: float, end_by: float) -> None:
         """Refuse new requests; let running ones finish until `finish_by`, end the rest, wait for them until `end_by`.
@@ -156,15 +190,18 @@ class Channel:
     async def get(self) -> Event:
         return await self.queue.get()
 
-    def drain_text(self) -> tuple[str, Event | None]:
-        """Text deltas already queued, joined, and the first non-text event after them (if queued)."""
-        parts = []
+    def drain_text(self) -> tuple[TextDelta, Event | None]:
+        """Text deltas already queued, joined (text and logprobs), and the first non-text event after them."""
+        parts: list[TextDelta] = []
+        after = None
         while not self.queue.empty():
             event = self.queue.get_nowait()
             if not isinstance(event, TextDelta):
-                return "".join(parts), event
-            parts.append(event.text)
-        return "".join(parts), None
+                after = event
+                break
+            parts.append(event)
+        joined = TextDelta("".join(d.text for d in parts), tuple(lp for d in parts for lp in d.logprobs))
+        return joined, after
 
 
 async def _wait_disconnect(receive: Receive) -> None:
@@ -251,7 +288,43 @@ def _number(body: dict, name: str, default: float) -> float:
         raise ApiError(400, f"'{name}' is too large", param=name) from None
 
 
-def _sampling_params(body: dict, max_tokens: int, eos_ids: frozenset[int]) -> SamplingParams:
+def _top_logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives per token a request asks for; None: no logprobs (checked by `check_features`)."""
+    if chat:
+        return (body.get("top_logprobs") or 0) if body.get("logprobs") else None
+    return body.get("logprobs")
+
+
+def _wants_json(body: dict) -> bool:
+    fmt = body.get("response_format")
+    return isinstance(fmt, dict) and fmt.get("type") == "json_object"
+
+
+def check_features(body: dict, chat: bool, eos_ids: frozenset[int]) -> None:
+    """What the schema cannot say: fields that only make sense together, or never together."""
+    if chat and body.get("top_logprobs") and not body.get("logprobs"):
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    if not chat and body.get("top_logprobs") is not None:
+        raise ApiError(400, "'top_logprobs' is a chat completions field; /v1/completions takes 'logprobs': N "
+                       f"(0 to {MAX_TOP_LOGPROBS} alternatives)", param="top_logprobs")
+    sampled = _number(body, "temperature", 1.0) >= GREEDY_BELOW
+    if body.get("coupling") == "coupled" and sampled and body.get("seed") is None:
+        raise ApiError(400, "'coupling': 'coupled' needs a 'seed' (it fixes the noise each token is drawn with)",
+                       param="coupling")
+    if _wants_json(body):
+        # A complete JSON object may only be followed by an end-of-sequence token: without one
+        # (or with it ignored, or held back by min_tokens) nothing could end the object.
+        if not eos_ids:
+            raise ApiError(400, "response_format json_object needs a model with an end-of-sequence token; "
+                           "this one has none", param="response_format", code="unsupported_parameter")
+        for name in ("ignore_eos", "min_tokens"):
+            if body.get(name):
+                raise ApiError(400, f"'{name}' cannot be combined with response_format json_object: the object "
+                               "ends with the end-of-sequence token", param=name, code="unsupported_parameter")
+
+
+def _sampling_params(body: dict, max_tokens: int, eos_ids: frozenset[int], chat: bool,
+                     constraint: JsonObjectConstraint | None = None) -> SamplingParams:
     temperature = _number(body, "temperature", 1.0)
     if temperature < GREEDY_BELOW:
         temperature = 0.0
@@ -262,9 +335,6 @@ def _sampling_params(body: dict, max_tokens: int, eos_ids: frozenset[int]) -> Sa
     min_tokens = body.get("min_tokens") or 0
     if min_tokens > max_tokens:
         raise ApiError(400, f"'min_tokens' ({min_tokens}) is more than max_tokens ({max_tokens})", param="min_tokens")
-    if min_tokens and stop:
-        raise ApiError(400, "'min_tokens' together with 'stop' is not supported yet; send one of them",
-                       param="min_tokens", code="unsupported_parameter")
     try:
         return SamplingParams(
             temperature=temperature,
@@ -280,6 +350,9 @@ def _sampling_params(body: dict, max_tokens: int, eos_ids: frozenset[int]) -> Sa
             ignore_eos=ignore_eos,
             min_tokens=min_tokens,
             eos_ids=frozenset() if ignore_eos or not min_tokens else eos_ids,
+            logprobs=_top_logprobs(body, chat),
+            constraint=constraint,
+            coupling=body.get("coupling") or "auto",
         )
     except AuguryError as exc:
         raise ApiError(400, str(exc)) from None
@@ -314,6 +387,7 @@ def check_request(state: ServerState, body: Any, chat: bool) -> Prompt:
                            f"'{state.config.model_name}'", param="model", code="model_not_found")
         check_unsupported(body)
     validate(body, chat_schema(state.limits) if chat else completion_schema(state.limits))
+    check_features(body, chat, frozenset(state.target.tokenizer.eos_ids))
     prompt = _prompt(body, chat)
     if _characters(prompt) > state.max_prompt_chars:
         raise ApiError(400, f"the prompt is {_characters(prompt)} characters; this server accepts at most "
@@ -351,10 +425,12 @@ async def parse_job(state: ServerState, body: Any, chat: bool) -> Job:
         ids = await loop.run_in_executor(state.tokenize_pool, tokenize, state.target.tokenizer, prompt)
     except AuguryError as exc:
         raise ApiError(400, str(exc), param="messages" if chat else "prompt") from None
-    return make_job(state, body, chat, ids)
+    constraint = await state.json_constraint() if _wants_json(body) else None
+    return make_job(state, body, chat, ids, constraint)
 
 
-def make_job(state: ServerState, body: dict, chat: bool, prompt_ids: list[int]) -> Job:
+def make_job(state: ServerState, body: dict, chat: bool, prompt_ids: list[int],
+             constraint: JsonObjectConstraint | None = None) -> Job:
     """A checked request with its prompt's ids -> Job; 400 if the prompt and max_tokens do not fit."""
     param = "messages" if chat else "prompt"
     if not prompt_ids:
@@ -378,7 +454,7 @@ def make_job(state: ServerState, body: dict, chat: bool, prompt_ids: list[int]) 
     stream_options = body.get("stream_options") or {}
     return Job(
         prompt_ids=prompt_ids,
-        params=_sampling_params(body, max_tokens, state.target.tokenizer.eos_ids),
+        params=_sampling_params(body, max_tokens, state.target.tokenizer.eos_ids, chat, constraint),
         stream=bool(body.get("stream")),
         include_usage=bool(stream_options.get("include_usage")),
     )
@@ -387,13 +463,13 @@ def make_job(state: ServerState, body: dict, chat: bool, prompt_ids: list[int]) 
 # -- responses ---------------------------------------------------------------------------------------
 
 
-def _usage(result) -> dict:
+def _usage(result: GenerationResult, params: SamplingParams) -> dict:
     s = result.stats
     return {
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.generated_tokens,
         "total_tokens": s.prompt_tokens + s.generated_tokens,
-        "augury": {"drafted": s.drafted, "accepted": s.accepted, "tau": round(s.tau, 4)},
+        "augury": {"drafted": s.drafted, "accepted": s.accepted, "tau": round(s.tau, 4), "sampling": params.mode},
     }
 
 
@@ -410,42 +486,88 @@ def _failure(event: Failed) -> ApiError:
     return ApiError(500, event.message, type="server_error", code="internal_error")
 
 
-class Reply:
-    """Builds the JSON objects of one response, completion or chat, whole or streamed."""
+def _finite(logprob: float) -> float:
+    return logprob if logprob > LOWEST_LOGPROB else LOWEST_LOGPROB  # (-inf and NaN too)
 
-    def __init__(self, model: str, chat: bool) -> None:
+
+class Reply:
+    """Builds the JSON objects of one response, completion or chat, whole or streamed.
+
+    Logprobs come as OpenAI defines them: chat choices carry
+    {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]},
+    completion choices {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}
+    (each position's alternatives plus the chosen token). A token's text is its
+    id decoded alone; alternatives the request's transform rules out (a
+    grammar mask) are left out (see LOWEST_LOGPROB). A streamed chunk carries
+    the logprobs of the tokens committed since the previous chunk; tokens whose
+    text was still held back (a possible stop string) come with a later chunk,
+    at the latest with the one that has finish_reason.
+    """
+
+    def __init__(self, state: ServerState, chat: bool, params: SamplingParams) -> None:
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        self.model = model
+        self.model = state.config.model_name
         self.created = int(time.time())
+        self.params = params
+        self.token_text = state.token_text
+        self.text_offset = 0  # completions: where the next token's text starts in the output
 
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def whole(self, result) -> dict:
+    def logprobs(self, entries: Sequence[TokenLogprob], *, empty_is_none: bool = False) -> dict | None:
+        """The choice's logprobs object for these tokens (None if the request did not ask)."""
+        if self.params.logprobs is None or (empty_is_none and not entries):
+            return None
+        text = self.token_text
+        if self.chat:
+            def entry(token: int, logprob: float) -> dict:
+                token_text = text(token)
+                return {"token": token_text, "logprob": _finite(logprob), "bytes": list(token_text.encode("utf-8"))}
+
+            return {"content": [{**entry(e.token, e.logprob),
+                                 "top_logprobs": [entry(t, lp) for t, lp in e.top if lp >= LOWEST_LOGPROB]}
+                                for e in entries]}
+        tokens, offsets, tops = [], [], []
+        for e in entries:
+            token_text = text(e.token)
+            tokens.append(token_text)
+            offsets.append(self.text_offset)
+            self.text_offset += len(token_text)
+            top = {text(t): lp for t, lp in e.top if lp >= LOWEST_LOGPROB}
+            top.setdefault(token_text, _finite(e.logprob))
+            tops.append(top)
+        return {"tokens": tokens, "token_logprobs": [_finite(e.logprob) for e in entries], "top_logprobs": tops,
+                "text_offset": offsets}
+
+    def whole(self, result: GenerationResult) -> dict:
+        logprobs = self.logprobs(result.logprobs or [])
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                      "logprobs": None, "finish_reason": result.finish_reason}
+                      "logprobs": logprobs, "finish_reason": result.finish_reason}
             body = self._envelope("chat.completion", [choice])
         else:
-            choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
+            choice = {"index": 0, "text": result.text, "logprobs": logprobs, "finish_reason": result.finish_reason}
             body = self._envelope("text_completion", [choice])
-        body["usage"] = _usage(result)
+        body["usage"] = _usage(result, self.params)
         return body
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False) -> dict:
+    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False,
+              logprobs: Sequence[TokenLogprob] = ()) -> dict:
+        lp = self.logprobs(logprobs, empty_is_none=True)
         if self.chat:
             delta: dict = {"role": "assistant", "content": ""} if role else {}
             if text:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
             return self._envelope("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish_reason}
         return self._envelope("text_completion", [choice])
 
-    def usage_chunk(self, result) -> dict:
+    def usage_chunk(self, result: GenerationResult) -> dict:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = _usage(result)
+        body["usage"] = _usage(result, self.params)
         return body
 
 
@@ -456,6 +578,7 @@ def _sse(data: dict | str) -> str:
 async def _stream(state: ServerState, ticket: Ticket, channel: Channel, job: Job, reply: Reply) -> AsyncIterator[str]:
     """Server-sent events until the result; cancels the request if the client goes away first."""
     ended = False
+    sent = 0  # tokens whose logprobs have been sent
     try:
         if reply.chat:
             yield _sse(reply.chunk(None, role=True))
@@ -463,13 +586,16 @@ async def _stream(state: ServerState, ticket: Ticket, channel: Channel, job: Job
             event = await channel.get()
             if isinstance(event, TextDelta):
                 more, after = channel.drain_text()
-                yield _sse(reply.chunk(event.text + more))
+                logprobs = (*event.logprobs, *more.logprobs)
+                sent += len(logprobs)
+                yield _sse(reply.chunk(event.text + more.text, logprobs=logprobs))
                 if after is None:
                     continue
                 event = after
             if isinstance(event, Finished):
                 ended = True
-                yield _sse(reply.chunk(None, event.result.finish_reason))
+                rest = (event.result.logprobs or [])[sent:]
+                yield _sse(reply.chunk(None, event.result.finish_reason, logprobs=rest))
                 if job.include_usage:
                     yield _sse(reply.usage_chunk(event.result))
                 yield _sse("[DONE]")
@@ -536,7 +662,7 @@ async def _generate(request: Request, chat: bool) -> Response:
         if isinstance(event, Failed):
             raise _failure(event)
         assert isinstance(event, Admitted)
-        reply = Reply(state.config.model_name, chat)
+        reply = Reply(state, chat, job.params)
         if job.stream:
             # From here StreamingResponse watches the connection itself.
             watcher.cancel()

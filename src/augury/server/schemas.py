@@ -20,6 +20,7 @@ MAX_STOP_LENGTH = 256
 MAX_TEMPERATURE = 100.0  # far past where sampling is uniform in all but name; OpenAI stops at 2
 MAX_CONTENT_PARTS = 1024  # text parts in one message
 MAX_JSON_DEPTH = 32  # the deepest valid request nests 5 levels (messages[i].content[j].text)
+MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI allows 20 in chat, 5 in completions)
 IGNORED = "accepted and ignored"
 
 
@@ -101,8 +102,18 @@ def sampling_properties(limits: Limits) -> dict[str, dict]:
         "ignore_eos": {"type": ["boolean", "null"]},
         "min_tokens": {
             "type": ["integer", "null"], "minimum": 0, "maximum": limits.max_tokens,
-            "description": "end-of-sequence tokens cannot be generated before this many tokens (not yet "
-            "combinable with stop strings)",
+            "description": "neither end-of-sequence tokens nor stop strings end the output before this many tokens",
+        },
+        "response_format": {
+            "type": ["object", "null"], "required": ["type"],
+            "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}},
+            "description": "json_object: the output is a JSON object (cut short only by max_tokens); "
+            "json_schema is not supported yet",
+        },
+        "coupling": {
+            "type": ["string", "null"], "enum": ["auto", "coupled", "rejection", None],
+            "description": "augury: how a seeded sampled request draws tokens; auto = coupled (the same text "
+            "with or without speculation); the mode used is in usage.augury.sampling",
         },
         "user": {"type": ["string", "null"], "description": IGNORED},
         "store": {"type": ["boolean", "null"], "description": IGNORED},
@@ -129,6 +140,10 @@ def completion_schema(limits: Limits) -> dict:
             },
             **sampling_properties(limits),
             "echo": {"type": ["boolean", "null"], "enum": [False, None], "description": "not supported"},
+            "logprobs": {
+                "type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOP_LOGPROBS,
+                "description": "report each token's log-probability and this many most likely alternatives",
+            },
             "best_of": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
         },
     }
@@ -160,6 +175,11 @@ def chat_schema(limits: Limits) -> dict:
             **sampling_properties(limits),
             "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": limits.max_tokens},
             "parallel_tool_calls": {"type": ["boolean", "null"], "description": IGNORED},
+            "logprobs": {"type": ["boolean", "null"], "description": "report each token's log-probability"},
+            "top_logprobs": {
+                "type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOP_LOGPROBS,
+                "description": "this many most likely alternatives per token (needs logprobs: true)",
+            },
         },
     }
 
@@ -167,8 +187,6 @@ def chat_schema(limits: Limits) -> dict:
 # Parameters of the OpenAI API this server does not implement: using one is a
 # clear 400, never silently ignored. name -> value that means "not used".
 UNSUPPORTED_UNLESS = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
     "logit_bias": (None, {}),
     "suffix": (None, ""),
     "tools": (None, []),
@@ -194,9 +212,9 @@ def check_unsupported(body: dict) -> None:
         if not any(value == u and type(value) is type(u) for u in unused):
             raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
     fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise ApiError(400, "only response_format {'type': 'text'} is supported", param="response_format",
-                       code="unsupported_parameter")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        raise ApiError(400, "response_format 'json_schema' is not supported yet; use {'type': 'json_object'}",
+                       param="response_format", code="unsupported_parameter")
 
 
 # -- validation --------------------------------------------------------------------------------------
