@@ -51,7 +51,9 @@ def train_tiny(target: Model, kind: str, folder: Path, steps: int = 120, **overr
                for _ in range(24)]
     sequences = [p + Engine(target).generate(p, SamplingParams(max_tokens=40)).token_ids for p in prompts]
     config = HeadConfig.for_kind(kind, **overrides)
-    data = features.load(features.collect(target, sequences, config, folder))
+    writer = features.ShardWriter(folder)
+    features.collect(target, sequences, config, writer)
+    data = features.load(writer.flush())
     vocab, _ = choose_vocab(data, list(range(data.num_sequences)), vocab_size)
     trainable = TrainableHead(config, target.config, init_own_weights(config, target), target_parts(target), vocab,
                               torch.device("cpu"))

@@ -205,6 +205,35 @@ def test_magpie_corpus_starts_from_the_user_prefix(target_dir, home):
         assert len(seq) - len(asked) <= 12
 
 
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_states_recorded_while_writing_equal_a_prefill_of_what_was_written(kind, target_dir, home):
+    """The corpus's features come from the scheduler's own steps (no second prefill): the same states
+    and top-k as one prefill of each sequence (short sequences: both attend row by row, bitwise)."""
+    import time
+
+    from augury.models.loader import load_model
+    from augury.proposers.heads import HeadConfig, feature_layers
+    from augury.train import features
+    from augury.train.corpus import SelfCorpusPlan, StateRecorder, self_corpus
+
+    target = load_model(str(target_dir), dtype="fp32")
+    config = HeadConfig.for_kind(kind)
+    corpus = self_corpus(target, SelfCorpusPlan(request_tokens=8, answer_tokens=16, max_batch=3),
+                         deadline=time.monotonic() + 60, max_sequences=4,
+                         recorder=StateRecorder(feature_layers(config, target.config)))
+    recorded, prefilled = features.ShardWriter(home / "a"), features.ShardWriter(home / "b")
+    (home / "a").mkdir(), (home / "b").mkdir()
+    for ids, states in zip(corpus.sequences, corpus.states):
+        n = features.add_recorded(recorded, target, config, ids, states, k=4)
+        assert len(ids) - 3 <= n <= len(ids) - 1, "only the last step's positions may go without states"
+        features.collect(target, [ids[:n]], config, prefilled, topk=4)
+    a, b = features.load(recorded.flush()), features.load(prefilled.flush())
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.offsets, b.offsets)
+    assert torch.equal(a.states, b.states)
+    assert torch.equal(a.topk_ids, b.topk_ids)
+    assert torch.allclose(a.topk_logprobs, b.topk_logprobs, atol=2e-3)  # stored in fp16
+
+
 def test_a_target_without_a_chat_template_needs_data(home):
     from augury.models.loader import load_model
     from augury.train.corpus import user_prefix_ids

@@ -20,8 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+from torch import Tensor
+
 from augury.errors import AuguryError
 from augury.models.loader import Model
+from augury.proposers.base import Draft, ProposerBase, Sequence
 from augury.sampling import SamplingParams
 
 SENTINEL = "\ufdd0augury-user-request\ufdd1"
@@ -35,10 +39,49 @@ class Corpus:
     sequences: list[list[int]] = field(default_factory=list)
     description: list[dict] = field(default_factory=list)
     texts: list[dict] = field(default_factory=list)  # generated conversations, kept for inspection
+    states: list[Tensor | None] = field(default_factory=list)  # per sequence: the target states recorded, if any
 
     @property
     def tokens(self) -> int:
         return sum(len(s) for s in self.sequences)
+
+
+class StateRecorder(ProposerBase):
+    """A proposer that drafts nothing and keeps the target states every step hands it.
+
+    Run with the scheduler while the target writes its corpus, it collects each
+    sequence's states as a by-product of decoding (the prompt's from the
+    prefill, then every committed position's), instead of a second prefill of
+    everything written. The last step of a sequence is not handed over (the
+    sequence is done), so its final one or two positions go without.
+    """
+
+    name = "recorder"
+    needs_hidden = True
+    needs_every_step = True
+
+    def __init__(self, hidden_layers: tuple[int, ...]) -> None:
+        self.hidden_layers = hidden_layers
+        self.live: dict[int, list[Tensor]] = {}
+        self.finished: dict[tuple[int, ...], Tensor] = {}
+
+    def start(self, seq: Sequence, prompt_hidden: Tensor | None = None) -> None:
+        self.live[seq.id] = [prompt_hidden.clone()]
+
+    def propose(self, seq: Sequence, k: int) -> Draft:
+        return Draft([])
+
+    def on_step(self, seq: Sequence, result, hidden: Tensor | None) -> None:
+        self.live[seq.id].append(hidden.clone())  # a copy: the step's batch tensor is not kept alive
+
+    def finish(self, seq: Sequence) -> None:
+        parts = self.live.pop(seq.id, None)
+        if parts:
+            self.finished[tuple(seq.tokens)] = torch.cat(parts)
+
+    def take(self, tokens: list[int]) -> Tensor | None:
+        """The states [n, H'] of the finished sequence with these tokens (its first n positions), once."""
+        return self.finished.pop(tuple(tokens), None)
 
 
 def _chunks(ids: list[int], max_len: int) -> list[list[int]]:
@@ -134,12 +177,14 @@ def self_corpus(
     deadline: float,
     max_sequences: int | None = None,
     on_sequence: Callable[[int, int], None] | None = None,
+    recorder: StateRecorder | None = None,
 ) -> Corpus:
     """Requests and answers written by the target until the deadline (time.monotonic) or max_sequences.
 
     One scheduler runs both stages: each finished request is answered at once
     and each answer makes room for a new request, so the batch stays full.
-    on_sequence(sequences, tokens) reports progress.
+    on_sequence(sequences, tokens) reports progress. With a recorder, each
+    answered conversation comes with its target states (Corpus.states).
     """
     from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig
 
@@ -147,7 +192,7 @@ def self_corpus(
     tokenizer = target.tokenizer
     longest_prompt = len(prefix) + plan.request_tokens + 64  # the answer's prompt: the request in the template
     per_row = longest_prompt + plan.answer_tokens + 16
-    scheduler = Scheduler(target, None, SchedulerConfig(
+    scheduler = Scheduler(target, recorder, SchedulerConfig(
         max_batch=plan.max_batch, max_queue=4 * plan.max_batch, kv_budget_tokens=plan.max_batch * per_row,
         adaptive_k=False,
     ))
@@ -187,6 +232,8 @@ def self_corpus(
             if isinstance(event, Failed):
                 raise AuguryError(f"writing the corpus failed: {event.message}")
             open_slots = time.monotonic() < deadline and len(corpus.sequences) + in_flight < wanted
+            if recorder is not None:
+                states = recorder.take(list(ids) + list(event.result.token_ids))
             if kind == "request":
                 request = event.result.text.strip()
                 if request and open_slots:
@@ -198,6 +245,7 @@ def self_corpus(
             answer_ids = event.result.token_ids
             if answer_ids:
                 corpus.sequences.append(list(ids) + list(answer_ids))
+                corpus.states.append(states if recorder is not None else None)
                 corpus.texts.append({"request": payload, "answer": event.result.text})
                 if on_sequence is not None:
                     on_sequence(len(corpus.sequences), corpus.tokens)

@@ -1,9 +1,11 @@
 """The target's view of the corpus: per token its hidden state and its top-k next-token log-probabilities.
 
-One prefill per sequence gives both (the states the head reads, the
-distribution it distills). They are written in shards of safetensors, each
-complete on its own and renamed into place when whole, so an interrupted
-collection keeps every shard it finished.
+Text the target writes itself comes with its states: the step hands every
+committed position's states to a proposer that asks (`corpus.StateRecorder`),
+and the top-k follows from the final normed state through the output head.
+Other text (--data) takes one target prefill per sequence. Both are written in
+shards of safetensors, each complete on its own and renamed into place when
+whole, so an interrupted collection keeps every shard it finished.
 
 Per token on disk: the state (H values, bf16), the token id and k (id,
 log-probability) pairs: about 2 H + 6 k + 4 bytes (3.1 KB for a 1536-wide
@@ -22,6 +24,7 @@ import torch
 from torch import Tensor
 
 from augury.errors import AuguryError
+from augury.models.decoder import linear
 from augury.models.loader import Model
 from augury.proposers.heads import HeadConfig, feature_layers, pick_feature, write_atomic
 
@@ -52,20 +55,87 @@ def no_space(exc: OSError, what: Path, kept: str) -> AuguryError:
     return AuguryError(f"writing {what} failed: {reason} ({kept})")
 
 
+class ShardWriter:
+    """Buffers per-sequence features and writes a shard whenever enough tokens have gathered."""
+
+    def __init__(self, folder: Path, first_shard: int = 0, shard_tokens: int = 32768) -> None:
+        self.folder, self.first_shard, self.shard_tokens = folder, first_shard, shard_tokens
+        self.written: list[Path] = []
+        self.buffer: dict[str, list[Tensor]] = {"tokens": [], "states": [], "topk_ids": [], "topk_logprobs": []}
+        self.lengths: list[int] = []
+
+    def add(self, tokens: list[int], states: Tensor, topk_ids: Tensor, topk_logprobs: Tensor) -> None:
+        """One sequence: tokens [L], states [L, H], the target's top-k ids and log-probabilities [L, k]."""
+        self.buffer["tokens"].append(torch.tensor(tokens, dtype=torch.int32))
+        self.buffer["states"].append(states.to(torch.bfloat16).cpu())
+        self.buffer["topk_ids"].append(topk_ids.to(torch.int32).cpu())
+        self.buffer["topk_logprobs"].append(topk_logprobs.to(torch.float16).cpu())
+        self.lengths.append(len(tokens))
+        if sum(self.lengths) >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> list[Path]:
+        """Write what is buffered (if anything); returns every shard written so far."""
+        if not self.lengths:
+            return self.written
+        from safetensors.torch import save
+
+        path = self.folder / f"{SHARD_PREFIX}{self.first_shard + len(self.written):05d}.safetensors"
+        tensors = {name: torch.cat(parts).contiguous() for name, parts in self.buffer.items()}
+        tensors["lengths"] = torch.tensor(self.lengths, dtype=torch.int64)
+        try:
+            write_atomic(path, save(tensors))
+        except OSError as exc:
+            raise no_space(exc, path, f"the {len(self.written)} shards written before it are kept") from None
+        self.written.append(path)
+        for parts in self.buffer.values():
+            parts.clear()
+        self.lengths.clear()
+        return self.written
+
+
+def top_k(target: Model, final: Tensor, k: int, rows: int = 256) -> tuple[Tensor, Tensor]:
+    """The target's top-k next tokens and their log-probabilities [L, k] from its final normed states [L, H]."""
+    head = target.decoder.weights.lm_head
+    ids, logprobs = [], []
+    for i in range(0, final.shape[0], rows):
+        logits = linear(final[i : i + rows].to(target.decoder.dtype), head).float()
+        top = logits.topk(k, dim=-1)
+        ids.append(top.indices)
+        logprobs.append(top.values - logits.logsumexp(-1, keepdim=True))
+    return torch.cat(ids), torch.cat(logprobs)
+
+
+def add_recorded(writer: ShardWriter, target: Model, config: HeadConfig, tokens: list[int], hidden: Tensor,
+                 k: int) -> int:
+    """A sequence whose target states were recorded while it was written (`corpus.StateRecorder`).
+
+    hidden: [n, H'] the states of tokens[:n] as the target's steps handed them over (its final normed
+    state last); the top-k comes from that final state through the target's output head, which is
+    what its logits were. Returns the tokens added (n).
+    """
+    n = hidden.shape[0]
+    if n < 3:
+        return 0
+    width = target.config.hidden_size
+    with torch.inference_mode():
+        ids, logprobs = top_k(target, hidden[:, -width:], k)
+    writer.add(tokens[:n], pick_feature(config, hidden, width), ids, logprobs)
+    return n
+
+
 @torch.inference_mode()
 def collect(
     target: Model,
     sequences: list[list[int]],
     config: HeadConfig,
-    folder: Path,
+    writer: ShardWriter,
     *,
     topk: int = 8,
-    first_shard: int = 0,
-    shard_tokens: int = 32768,
     deadline: float | None = None,
     progress: Callable[[int], None] | None = None,
-) -> list[Path]:
-    """Prefill each sequence through the target and write shards; returns the shard files written.
+) -> None:
+    """Prefill each sequence through the target for its states and top-k (for text the target did not write).
 
     Stops between sequences at the deadline (time.monotonic). progress(tokens) after each sequence.
     """
@@ -74,49 +144,19 @@ def collect(
     hidden = target.config.hidden_size
     longest = max((len(s) for s in sequences), default=0)
     cache = decoder.new_cache(1, longest + 8)
-    written: list[Path] = []
-    buffer: dict[str, list[Tensor]] = {"tokens": [], "states": [], "topk_ids": [], "topk_logprobs": []}
-    lengths: list[int] = []
-
-    def flush() -> None:
-        if not lengths:
-            return
-        from safetensors.torch import save
-
-        path = folder / f"{SHARD_PREFIX}{first_shard + len(written):05d}.safetensors"
-        tensors = {name: torch.cat(parts).contiguous() for name, parts in buffer.items()}
-        tensors["lengths"] = torch.tensor(lengths, dtype=torch.int64)
-        try:
-            write_atomic(path, save(tensors))
-        except OSError as exc:
-            raise no_space(exc, path, f"the {len(written)} shards written before it are kept") from None
-        written.append(path)
-        for parts in buffer.values():
-            parts.clear()
-        lengths.clear()
-
     for ids in sequences:
         if deadline is not None and time.monotonic() >= deadline:
             break
         if len(ids) < 3:
             continue
         cache.reset()
-        tokens = torch.tensor([ids], device=decoder.device)
-        out = decoder.forward(tokens, cache, return_hidden=True, hidden_layers=layers)
-        logits, states = out
+        logits, states = decoder.forward(torch.tensor([ids], device=decoder.device), cache, return_hidden=True,
+                                         hidden_layers=layers)
         logits = logits[0]
         top = logits.topk(topk, dim=-1)
-        buffer["tokens"].append(torch.tensor(ids, dtype=torch.int32))
-        buffer["states"].append(pick_feature(config, states[0], hidden).to(torch.bfloat16).cpu())
-        buffer["topk_ids"].append(top.indices.to(torch.int32).cpu())
-        buffer["topk_logprobs"].append((top.values - logits.logsumexp(-1, keepdim=True)).to(torch.float16).cpu())
-        lengths.append(len(ids))
+        writer.add(ids, pick_feature(config, states[0], hidden), top.indices, top.values - logits.logsumexp(-1, keepdim=True))
         if progress is not None:
             progress(len(ids))
-        if sum(lengths) >= shard_tokens:
-            flush()
-    flush()
-    return written
 
 
 def load(shards: list[Path]) -> Features:

@@ -44,6 +44,7 @@ from augury.proposers.heads import (
     Head,
     HeadConfig,
     HeadWeights,
+    feature_layers,
     init_own_weights,
     save_head,
     target_parts,
@@ -493,51 +494,56 @@ def train(
         manifest = {"target": target_info, "config": config.to_dict(), "shards": [], "sources": [],
                     "tokens": 0, "sequences": 0, "collect_seconds": 0.0, "corpus_tokens_per_hour": None}
         # -- corpus and features -----------------------------------------------------------
-        corpus = corpora.Corpus()
+        given = corpora.Corpus()
         for path in data_paths:
-            given = corpora.read_data(path, target, plan.seq_len)
-            corpus.sequences += given.sequences
-            corpus.description += given.description
+            part = corpora.read_data(path, target, plan.seq_len)
+            given.sequences += part.sequences
+            given.description += part.description
+        writer = feats.ShardWriter(work)
+        sources = list(given.description)
+        done = {"tokens": 0, "sequences": 0}
         collect_deadline = t_start + budget * collect_share
         if generate:
             bar = ProgressBar("writing the corpus", progress)
             t0 = time.monotonic()
             written = corpora.self_corpus(
                 target, corpus_plan or corpora.SelfCorpusPlan(seed=plan.seed), deadline=collect_deadline,
-                max_sequences=max_sequences,
+                max_sequences=max_sequences, recorder=corpora.StateRecorder(feature_layers(config, target.config)),
                 on_sequence=lambda n, tokens: bar.update(
                     max((time.monotonic() - t0) / max(1e-9, collect_deadline - t0),
                         n / max_sequences if max_sequences else 0.0), sequences=n, tokens=tokens),
             )
             bar.close()
             seconds = time.monotonic() - t0
-            corpus.sequences += written.sequences
-            corpus.description += written.description
+            sources = written.description + sources
             manifest["corpus_tokens_per_hour"] = round(written.tokens / max(seconds, 1e-9) * 3600)
+            for ids, states in zip(written.sequences, written.states):
+                added = feats.add_recorded(writer, target, config, ids, states, plan.topk) if states is not None else 0
+                done["tokens"] += added
+                done["sequences"] += added > 0
             try:
                 write_atomic(work / "corpus.jsonl", "".join(json.dumps(t) + "\n" for t in written.texts).encode())
             except OSError as exc:
                 raise no_space(exc, work / "corpus.jsonl", "nothing collected yet is lost but this text") from None
-        if not corpus.sequences:
+        if given.sequences:
+            bar = ProgressBar("collecting target states", progress)
+
+            def tick(n: int) -> None:
+                done["tokens"] += n
+                done["sequences"] += 1
+                bar.update(done["sequences"] / len(given.sequences), tokens=done["tokens"])
+
+            # text the target did not write takes one prefill per sequence; never more than a
+            # further fifth of the budget, so that training keeps its time
+            feats.collect(target, given.sequences, config, writer, topk=plan.topk, progress=tick,
+                          deadline=max(collect_deadline, time.monotonic()) + 0.2 * budget)
+            bar.close()
+        shards = writer.flush()
+        if not shards:
             raise AuguryError("the corpus is empty: no --data given and the target wrote nothing in the time given")
-        bar = ProgressBar("collecting target states", progress)
-        total = corpus.tokens
-        done = [0]
-
-        def tick(n: int) -> None:
-            done[0] += n
-            bar.update(done[0] / total, tokens=done[0])
-
-        t0 = time.monotonic()
-        # states take one prefill per sequence, far cheaper than writing; still, never more than a
-        # further fifth of the budget, so that training keeps its time
-        shards = feats.collect(target, corpus.sequences, config, work, topk=plan.topk, progress=tick,
-                               deadline=max(collect_deadline, time.monotonic()) + 0.2 * budget)
-        bar.close()
         manifest.update(
-            shards=[p.name for p in shards], sources=corpus.description, tokens=done[0],
-            sequences=len(corpus.sequences), collect_seconds=round(time.monotonic() - t_start, 1),
-            state_seconds=round(time.monotonic() - t0, 1),
+            shards=[p.name for p in shards], sources=sources, tokens=done["tokens"],
+            sequences=done["sequences"], collect_seconds=round(time.monotonic() - t_start, 1),
         )
         _write_manifest(manifest_path, manifest)
 
