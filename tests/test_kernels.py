@@ -230,3 +230,43 @@ def test_fallback_rows_are_bitwise_batch_invariant(no_extension):
     alone = torch.cat([fallback_matmul(x[i : i + 1], decoded) for i in range(9)])
     for rows in range(1, 10):
         assert torch.equal(fallback_matmul(x[:rows], decoded), alone[:rows]), f"T={rows}"
+
+
+# --- the prefill path ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dequantize_to_bf16_is_the_references_values_rounded(ext, kind):
+    if "avx512" not in ext.available_isas():
+        pytest.skip("the prefill dequantizer is AVX-512 only")
+    raw = _blocks(kind, seed=12)
+    buf = packing.pack(reference.decode(kind, raw))
+    want = reference.dequantize(kind, raw).bfloat16()
+    whole = ext.dequantize(buf, packing.KIND_ID[kind], OUT, IN, 0, 100)
+    assert torch.equal(whole.view(torch.int16), want.view(torch.int16))
+    pieces = torch.cat([ext.dequantize(buf, packing.KIND_ID[kind], OUT, IN, t, 1) for t in range(3)])
+    assert torch.equal(pieces, whole), "tile ranges cut the same rows"
+
+
+def test_long_blocks_take_the_bf16_prefill_path(ext):
+    from augury.kernels import weight as weight_module
+
+    parts = [("Q4_K", _blocks("Q4_K", 40, IN, 1)), ("Q6_K", _blocks("Q6_K", 29, IN, 2))]
+    w = GgufWeight(parts)
+    t = weight_module.PREFILL_ROWS + 6
+    x = _x(t, seed=13).bfloat16().unsqueeze(0)  # [1, T, in]: one sequence's prefill block
+    bias = torch.randn(69, generator=torch.Generator().manual_seed(2)).bfloat16()
+    got = w.linear(x, bias)
+    want = torch.nn.functional.linear(x, w.dense().bfloat16(), bias)
+    assert got.shape == (1, t, 69)
+    assert float((got.float() - want.float()).abs().max()) <= 0.02 * float(want.float().abs().max())
+    short = w.linear(x[:, : weight_module.PREFILL_ROWS], bias)  # the kernel: rows independent of the block
+    assert torch.equal(short[0, :5], w.linear(x[0, :5], bias))
+
+
+def test_prefill_threshold_is_the_decoders_row_attention_limit():
+    """Up to that block length the decoder keeps rows independent of their block; the kernel must too."""
+    from augury.kernels.weight import PREFILL_ROWS
+    from tests.tiny import random_decoder
+
+    assert random_decoder().row_attention_limit == PREFILL_ROWS

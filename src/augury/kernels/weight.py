@@ -27,6 +27,15 @@ from torch import Tensor
 from augury.kernels import packing, reference
 from augury.kernels.extension import extension
 
+# Blocks of more tokens per sequence than this are prefill: their matmuls go through bf16 weights
+# dequantized tile by tile and torch's (oneDNN's) bf16 matmul, which is faster on long blocks where
+# the CPU has a bf16 matrix unit (AMX: 3x at 256 rows). It equals the decoder's row attention limit:
+# up to there the decoder keeps each row independent of its block (and so does the kernel);
+# longer blocks attend batched and were never batch invariant.
+PREFILL_ROWS = 64
+# Output rows dequantized at a time on the prefill path (bounds the temporary bf16 weights).
+PREFILL_CHUNK = 4096
+
 
 @dataclass(frozen=True)
 class Part:
@@ -116,7 +125,9 @@ class GgufWeight:
         return out
 
     def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        """x: [..., in] -> [..., out] in x's dtype."""
+        """x: [..., in] -> [..., out] in x's dtype; x: [B, T, in] with T > PREFILL_ROWS takes the prefill path."""
+        if x.dim() >= 3 and x.shape[-2] > PREFILL_ROWS and self._prefill_runs(x):
+            return self._prefill(x, bias)
         flat = x.reshape(-1, self.shape[1]).contiguous()
         if self.kernel is not None:
             out = self.kernel.linear(
@@ -131,6 +142,29 @@ class GgufWeight:
             if bias is not None:
                 out = out + bias.float()
             out = out.to(x.dtype)
+        return out.view(*x.shape[:-1], self.shape[0])
+
+    def _prefill_runs(self, x: Tensor) -> bool:
+        return (
+            x.dtype == torch.bfloat16
+            and self.kernel is not None
+            and hasattr(self.kernel, "dequantize")
+            and "avx512" in self.kernel.available_isas()
+        )
+
+    def _prefill(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        """x @ W^T on bf16 weights dequantized chunk by chunk (see PREFILL_ROWS)."""
+        flat = x.reshape(-1, self.shape[1])
+        outs = []
+        tiles = PREFILL_CHUNK // packing.TILE
+        for p in self.parts:
+            kind = packing.KIND_ID[p.kind]
+            for t0 in range(0, -(-p.rows // packing.TILE), tiles):
+                w = self.kernel.dequantize(p.data, kind, p.rows, self.shape[1], t0, tiles)
+                outs.append(torch.nn.functional.linear(flat, w))
+        out = torch.cat(outs, dim=-1)
+        if bias is not None:
+            out = out + bias
         return out.view(*x.shape[:-1], self.shape[0])
 
     def dense(self) -> Tensor:

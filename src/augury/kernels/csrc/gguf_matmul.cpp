@@ -237,15 +237,16 @@ inline F load_s8f(const uint8_t* p) {
 inline __mmask16 first(int64_t n) { return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1); }
 inline F load_partial_f(const float* p, int64_t n) { return {_mm512_maskz_loadu_ps(first(n), p)}; }
 inline void store_partial_f(float* p, F v, int64_t n) { _mm512_mask_storeu_ps(p, first(n), v.v); }
-inline void store_bf16(uint16_t* p, F v, int64_t n) {
-  // Round to nearest even on the bits (what torch's float -> bfloat16 does), NaN -> quiet NaN.
+// Round to nearest even on the bits (what torch's float -> bfloat16 does), NaN -> quiet NaN.
+inline __m256i bf16_bits(F v) {
   const __m512i bits = _mm512_castps_si512(v.v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(v.v, v.v, _CMP_UNORD_Q);
   r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
-  _mm256_mask_storeu_epi16(p, first(n), _mm512_cvtepi32_epi16(r));
+  return _mm512_cvtepi32_epi16(r);
 }
+inline void store_bf16(uint16_t* p, F v, int64_t n) { _mm256_mask_storeu_epi16(p, first(n), bf16_bits(v)); }
 
 inline float amax32(const float* x) {
   const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x)), b = _mm512_abs_ps(_mm512_loadu_ps(x + 16));
@@ -263,6 +264,79 @@ inline void quant32(const float* x, float inv, int8_t* q, int32_t* s0, int32_t* 
 
 }  // namespace ops
 #include "kernel_body.h"
+
+// Prefill: long blocks are compute bound, where a bf16 matmul library with a matrix unit (oneDNN
+// with AMX here) beats the int8 vector kernel; this writes tiles back as bf16 [rows, in] weights for it.
+// Each value is w = scale * (q - zero) + min with one rounding, like the reference's dequantization,
+// then rounded to bf16 as torch rounds.
+namespace prefill {
+
+using ops::F;
+
+template <int KIND>
+static void dequant_tile(const uint8_t* tile, int64_t groups, int64_t n_in, int64_t n_rows, uint16_t* out) {
+  constexpr Layout L = layout(KIND);
+  constexpr int kZero = KIND == Q4_0 ? 8 : KIND == Q5_0 ? 16 : KIND == Q8_0 ? 128 : KIND == Q6_K ? 32 : 0;
+  constexpr bool kSubMin = KIND == Q4_K || KIND == Q5_K;  // mins subtracted
+  constexpr bool kAddMin = KIND == Q4_1 || KIND == Q5_1;
+  // Lane l of the 16 quants in bytes [16p, 16p + 16) of a vector belongs to column 4p + l / 4.
+  __m512i spread[4];
+  for (int p = 0; p < 4; ++p)
+    spread[p] = _mm512_setr_epi32(4 * p, 4 * p, 4 * p, 4 * p, 4 * p + 1, 4 * p + 1, 4 * p + 1, 4 * p + 1,
+                                  4 * p + 2, 4 * p + 2, 4 * p + 2, 4 * p + 2, 4 * p + 3, 4 * p + 3, 4 * p + 3, 4 * p + 3);
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    const uint8_t* gp = tile + grp * L.group_bytes;
+    const uint8_t* sp = gp + L.subs * L.sub_bytes;
+    F d, dmin;
+    body::group_scales<KIND>(sp, d, dmin);
+    for (int s = 0; s < L.subs; ++s) {
+      ops::I w[8];
+      body::unpack<KIND>(gp + s * L.sub_bytes, w);
+      const body::SubScales sc = body::sub_scales<KIND>(sp, d, dmin, s);
+      const int64_t k0 = (grp * L.subs + s) * 32;
+      for (int p = 0; p < 4; ++p) {
+        const __m512 a0 = _mm512_permutexvar_ps(spread[p], sc.sa.v);
+        const __m512 a1 = KIND == Q6_K ? _mm512_permutexvar_ps(spread[p], sc.sb.v) : a0;
+        __m512 m = _mm512_permutexvar_ps(spread[p], sc.mn.v);
+        if constexpr (kSubMin) m = _mm512_sub_ps(_mm512_setzero_ps(), m);
+        for (int g = 0; g < 8; ++g) {
+          __m512i q = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[g].v, 0));
+          if (p == 1) q = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[g].v, 1));
+          if (p == 2) q = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[g].v, 2));
+          if (p == 3) q = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[g].v, 3));
+          if constexpr (kZero != 0) q = _mm512_sub_epi32(q, _mm512_set1_epi32(kZero));
+          const __m512 a = g < 4 ? a0 : a1;
+          const __m512 f = kSubMin || kAddMin ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), a, m)
+                                              : _mm512_mul_ps(_mm512_cvtepi32_ps(q), a);
+          alignas(32) uint16_t h[16];
+          _mm256_store_si256(reinterpret_cast<__m256i*>(h), ops::bf16_bits({f}));
+          for (int j = 0; j < 4; ++j) {
+            const int64_t col = 4 * p + j;
+            if (col < n_rows) std::memcpy(out + col * n_in + k0 + 4 * g, h + 4 * j, 8);
+          }
+        }
+      }
+    }
+  }
+}
+
+using DequantFn = void (*)(const uint8_t*, int64_t, int64_t, int64_t, uint16_t*);
+
+static DequantFn dequant_fn(int kind) {
+  switch (kind) {
+    case Q4_0: return dequant_tile<Q4_0>;
+    case Q4_1: return dequant_tile<Q4_1>;
+    case Q5_0: return dequant_tile<Q5_0>;
+    case Q5_1: return dequant_tile<Q5_1>;
+    case Q8_0: return dequant_tile<Q8_0>;
+    case Q4_K: return dequant_tile<Q4_K>;
+    case Q5_K: return dequant_tile<Q5_K>;
+    case Q6_K: return dequant_tile<Q6_K>;
+  }
+  return nullptr;
+}
+
+}  // namespace prefill
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -379,6 +453,30 @@ torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& p
   return y;
 }
 
+// Rows [16 * tile0, 16 * tile0 + n) of one packed part (n = min(16 * tiles, rows - 16 * tile0)) as bf16 [n, in].
+torch::Tensor dequantize(const torch::Tensor& packed, int64_t kind, int64_t rows, int64_t n_in, int64_t tile0,
+                         int64_t tiles) {
+  TORCH_CHECK(cpu_has("avx512"), "dequantize needs AVX-512");
+  TORCH_CHECK(kind >= 0 && kind < kNumKinds, "unknown block kind ", kind);
+  const Layout L = layout(static_cast<int>(kind));
+  TORCH_CHECK(n_in % L.group_k == 0, "in is not a multiple of the block size");
+  const int64_t groups = n_in / L.group_k, tile_bytes = groups * L.group_bytes;
+  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
+                  packed.numel() == (rows + 15) / 16 * tile_bytes, "packed part has the wrong size or type");
+  TORCH_CHECK(tile0 >= 0 && tiles >= 0 && 16 * tile0 <= rows, "tile range out of bounds");
+  const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16 * tiles, rows - 16 * tile0));
+  torch::Tensor out = torch::empty({n, n_in}, torch::dtype(torch::kBFloat16));
+  const uint8_t* base = packed.data_ptr<uint8_t>();
+  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const auto fn = avx512::prefill::dequant_fn(static_cast<int>(kind));
+  const int64_t count = (n + 15) / 16;
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      fn(base + (tile0 + t) * tile_bytes, groups, n_in, std::min<int64_t>(16, n - 16 * t), o + 16 * t * n_in);
+  });
+  return out;
+}
+
 std::vector<int64_t> layout_of(int64_t kind) {
   TORCH_CHECK(kind >= 0 && kind < kNumKinds, "unknown block kind ", kind);
   const Layout L = layout(static_cast<int>(kind));
@@ -391,6 +489,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "augury's GGUF block matmul (AVX-512 VNNI / AVX2)";
   m.def("linear", &linear, "y = x @ W^T + bias on repacked GGUF parts", py::arg("x"), py::arg("packed"),
         py::arg("kinds"), py::arg("rows"), py::arg("bias"), py::arg("isa") = "auto");
+  m.def("dequantize", &dequantize, "rows of a packed part as bf16 weights (AVX-512)", py::arg("packed"),
+        py::arg("kind"), py::arg("rows"), py::arg("n_in"), py::arg("tile0"), py::arg("tiles"));
   m.def("available_isas", &available_isas, "instruction sets this CPU can run, best first");
   m.def("layout", &layout_of, "(group_k, subs, sub_bytes, group_bytes) of a block kind");
 }

@@ -112,22 +112,47 @@ static inline void unpack(const uint8_t* p, I* w) {
 // How far ahead of the quants being unpacked the kernel prefetches (a tile is one contiguous stream).
 constexpr int64_t kPrefetchBytes = 4096;
 
+// A K format group's fp16 super-block scales (d, and dmin where there are mins); zero otherwise.
+template <int KIND>
+static inline void group_scales(const uint8_t* sp, F& d, F& dmin) {
+  d = ops::zero_f();
+  dmin = ops::zero_f();
+  if constexpr (KIND == Q4_K || KIND == Q5_K || KIND == Q6_K) d = ops::load_f16(sp + 256);
+  if constexpr (KIND == Q4_K || KIND == Q5_K) dmin = ops::load_f16(sp + 288);
+}
+
+// Sub-block s's per-column scales: sa (and sb for Q6_K's second 16 values) and the min
+// (as stored: Q4_K/Q5_K's is subtracted, Q4_1/Q5_1's added).
+struct SubScales { F sa, sb, mn; };
+
+template <int KIND>
+static inline SubScales sub_scales(const uint8_t* sp, F d, F dmin, int s) {
+  SubScales sc{ops::zero_f(), ops::zero_f(), ops::zero_f()};
+  if constexpr (KIND == Q6_K) {
+    sc.sa = ops::mul(d, ops::load_s8f(sp + 32 * s));
+    sc.sb = ops::mul(d, ops::load_s8f(sp + 32 * s + 16));
+  } else if constexpr (KIND == Q4_K || KIND == Q5_K) {
+    sc.sa = ops::mul(d, ops::load_u8f(sp + 16 * s));
+    sc.mn = ops::mul(dmin, ops::load_u8f(sp + 128 + 16 * s));
+  } else {
+    sc.sa = ops::load_f16(sp);
+    if constexpr (KIND == Q4_1 || KIND == Q5_1) sc.mn = ops::load_f16(sp + 32);
+  }
+  return sc;
+}
+
 // One tile of 16 columns for rows [r0, r0 + nr): acc[r][c] accumulates as in the header.
 template <int KIND>
 static void tile_rows(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, int64_t nr, float* acc) {
   constexpr Layout L = layout(KIND);
-  constexpr bool kFormatK = KIND == Q4_K || KIND == Q5_K || KIND == Q6_K;
   constexpr bool kMin = KIND == Q4_1 || KIND == Q5_1 || KIND == Q4_K || KIND == Q5_K;
   const int32_t* off = KIND == Q4_0 ? a.off8 : KIND == Q5_0 ? a.off16 : KIND == Q8_0 ? a.offq8 : nullptr;
   const bool has_off = off != nullptr && (KIND != Q8_0 || ops::kQ8Zero != 0);
   for (int64_t grp = 0; grp < groups; ++grp) {
     const uint8_t* gp = tile + grp * L.group_bytes;
     const uint8_t* sp = gp + L.subs * L.sub_bytes;  // the group's scales
-    F d = ops::zero_f(), dmin = ops::zero_f();
-    if constexpr (kFormatK) {
-      d = ops::load_f16(sp + 256);
-      if constexpr (KIND != Q6_K) dmin = ops::load_f16(sp + 288);
-    }
+    F d, dmin;
+    group_scales<KIND>(sp, d, dmin);
     for (int s = 0; s < L.subs; ++s) {
       // The hardware prefetcher alone let one core stream about half of what oneDNN's kernel reads.
       const uint8_t* ahead = gp + s * L.sub_bytes + kPrefetchBytes;
@@ -135,17 +160,8 @@ static void tile_rows(const uint8_t* tile, int64_t groups, const Rows& a, int64_
       I w[8];
       unpack<KIND>(gp + s * L.sub_bytes, w);
       auto wq = ops::prepare<KIND == Q8_0>(w);
-      F sa, sb = ops::zero_f(), mn = ops::zero_f();
-      if constexpr (KIND == Q6_K) {
-        sa = ops::mul(d, ops::load_s8f(sp + 32 * s));
-        sb = ops::mul(d, ops::load_s8f(sp + 32 * s + 16));
-      } else if constexpr (kFormatK) {
-        sa = ops::mul(d, ops::load_u8f(sp + 16 * s));
-        mn = ops::mul(dmin, ops::load_u8f(sp + 128 + 16 * s));
-      } else {
-        sa = ops::load_f16(sp);
-        if constexpr (kMin) mn = ops::load_f16(sp + 32);
-      }
+      const SubScales sc = sub_scales<KIND>(sp, d, dmin, s);
+      const F sa = sc.sa, sb = sc.sb, mn = sc.mn;
       const int64_t kb = grp * L.subs + s;  // global 32-block index
       for (int64_t r = 0; r < nr; ++r) {
         const int64_t rr = r0 + r;
