@@ -23,7 +23,8 @@ from augury.models.decoder import LINEAR_FIELDS, OneDnnWeight, linear
 
 def _step(mats: list, widths: list[int], rows: int, dtype: torch.dtype) -> Callable[[], None]:
     gen = torch.Generator().manual_seed(0)
-    xs = {w: torch.randn(rows, w, generator=gen).to(dtype) for w in set(widths)}
+    # [1, rows, in]: one sequence's block, as the decoder passes it (long blocks take the prefill path)
+    xs = {w: torch.randn(1, rows, w, generator=gen).to(dtype) for w in set(widths)}
 
     def run() -> None:
         for m, w in zip(mats, widths):

@@ -299,21 +299,31 @@ static void dequant_tile(const uint8_t* tile, int64_t groups, int64_t n_in, int6
         const __m512 a1 = KIND == Q6_K ? _mm512_permutexvar_ps(spread[p], sc.sb.v) : a0;
         __m512 m = _mm512_permutexvar_ps(spread[p], sc.mn.v);
         if constexpr (kSubMin) m = _mm512_sub_ps(_mm512_setzero_ps(), m);
+        // v[g]: qword j = column 4p + j, values 4g .. 4g + 3 (as bf16).
+        __m256i v[8];
         for (int g = 0; g < 8; ++g) {
-          __m512i q = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[g].v, 0));
-          if (p == 1) q = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[g].v, 1));
-          if (p == 2) q = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[g].v, 2));
-          if (p == 3) q = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[g].v, 3));
+          __m128i bytes = _mm512_extracti32x4_epi32(w[g].v, 0);
+          if (p == 1) bytes = _mm512_extracti32x4_epi32(w[g].v, 1);
+          if (p == 2) bytes = _mm512_extracti32x4_epi32(w[g].v, 2);
+          if (p == 3) bytes = _mm512_extracti32x4_epi32(w[g].v, 3);
+          __m512i q = _mm512_cvtepu8_epi32(bytes);
           if constexpr (kZero != 0) q = _mm512_sub_epi32(q, _mm512_set1_epi32(kZero));
           const __m512 a = g < 4 ? a0 : a1;
           const __m512 f = kSubMin || kAddMin ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), a, m)
                                               : _mm512_mul_ps(_mm512_cvtepi32_ps(q), a);
-          alignas(32) uint16_t h[16];
-          _mm256_store_si256(reinterpret_cast<__m256i*>(h), ops::bf16_bits({f}));
-          for (int j = 0; j < 4; ++j) {
-            const int64_t col = 4 * p + j;
-            if (col < n_rows) std::memcpy(out + col * n_in + k0 + 4 * g, h + 4 * j, 8);
-          }
+          v[g] = ops::bf16_bits({f});
+        }
+        // Transpose 8 x 4 qwords so that each column's 32 values are one 64-byte store.
+        __m512i z[4];
+        for (int h = 0; h < 4; ++h) z[h] = _mm512_inserti64x4(_mm512_castsi256_si512(v[2 * h]), v[2 * h + 1], 1);
+        for (int pair = 0; pair < 2; ++pair) {
+          const __m512i idx = pair == 0 ? _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13)
+                                        : _mm512_setr_epi64(2, 6, 10, 14, 3, 7, 11, 15);
+          const __m512i lo = _mm512_permutex2var_epi64(z[0], idx, z[1]);  // values 0-15 of two columns
+          const __m512i hi = _mm512_permutex2var_epi64(z[2], idx, z[3]);  // values 16-31
+          const int64_t col = 4 * p + 2 * pair;
+          if (col < n_rows) _mm512_storeu_si512(out + col * n_in + k0, _mm512_shuffle_i64x2(lo, hi, 0x44));
+          if (col + 1 < n_rows) _mm512_storeu_si512(out + (col + 1) * n_in + k0, _mm512_shuffle_i64x2(lo, hi, 0xEE));
         }
       }
     }
