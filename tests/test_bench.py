@@ -227,8 +227,10 @@ def test_summary_lists_greedy_mismatches_with_first_position():
     assert s.compared[("model", 4)] == (1, 2)
     [m] = s.mismatches
     assert (m.prompt_id, m.method, m.position, m.token, m.plain_token) == ("1", "model", 3, 1, 8)
-    # sampled runs are not compared
-    assert summarize(records, run_info([("plain", 0), ("model", 4)], ["1", "2"], temperature=0.7)).mismatches == []
+    # sampled runs by rejection are not compared; coupled ones are (the same seed gives plain's tokens)
+    sampled = run_info([("plain", 0), ("model", 4)], ["1", "2"], temperature=0.7)
+    assert summarize(records, {**sampled, "sampling": "rejection"}).mismatches == []
+    assert len(summarize(records, {**sampled, "sampling": "coupled"}).mismatches) == 1
 
 
 def test_each_weight_format_is_compared_with_plain_decoding_on_the_same_weights():

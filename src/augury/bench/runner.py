@@ -218,6 +218,8 @@ class BenchPlan:
             "max_new_tokens": self.params.max_tokens,
             "temperature": self.params.temperature,
             "seed": self.params.seed,
+            # what each sampled prompt runs under (each gets its own seed, see _seeded)
+            "sampling": "greedy" if self.params.greedy else _seeded(self.params, 0).mode,
             "turns": "all" if self.all_turns else "first",
             "methods": [
                 {"method": c.method, "k": c.k, "kind": c.kind, "lossless": c.lossless, "counterpart": c.counterpart}
@@ -230,7 +232,8 @@ class BenchPlan:
 
 # Settings that must match for a resumed run to extend the same benchmark.
 IDENTITY_KEYS = (
-    "model", "draft", "dtype", "chat", "suite", "max_new_tokens", "temperature", "seed", "turns", "methods", "prompts",
+    "model", "draft", "dtype", "chat", "suite", "max_new_tokens", "temperature", "seed", "sampling", "turns", "methods",
+    "prompts",
 )
 
 

@@ -230,7 +230,8 @@ def summarize(records: list[dict], info: dict) -> Summary:
                     agg.speedup_e2e = ours.tokens_per_s_e2e / base.tokens_per_s_e2e
             cells[(task, key)] = agg
 
-    greedy = float(info.get("temperature", 0.0)) == 0.0
+    # Greedy and coupled (seeded) sampling give plain decoding's very tokens: those runs are compared.
+    greedy = float(info.get("temperature", 0.0)) == 0.0 or info.get("sampling") == "coupled"
     compared: dict[Key, tuple[int, int]] = {}
     mismatches: list[Mismatch] = []
     if greedy and plain_key is not None:

@@ -76,6 +76,9 @@ def add_sampling_args(parser: argparse.ArgumentParser, *, max_tokens: int = 256)
     g.add_argument("--presence-penalty", type=float, default=0.0)
     g.add_argument("--frequency-penalty", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    g.add_argument("--coupling", default="auto", choices=("auto", "coupled", "rejection"),
+                   help="seeded sampling: coupled (the same text with or without speculation; auto picks it) or "
+                   "rejection sampling")
     g.add_argument("--max-tokens", "-n", type=int, default=max_tokens,
                    help=f"tokens to generate at most, per turn (default {max_tokens})")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -95,6 +98,7 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
         stop=tuple(args.stop),
         seed=args.seed,
         ignore_eos=args.ignore_eos,
+        coupling=args.coupling,
     )
 
 
