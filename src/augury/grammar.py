@@ -162,6 +162,13 @@ class JsonObjectConstraint:
         self.texts = token_texts
         self.eos_ids = frozenset(i for i in eos_ids if i < len(token_texts))
         self._masks: dict[State | None, Tensor] = {}
+        # Inside a string most tokens are plain characters, allowed whatever the state: only the
+        # others (a quote, a backslash, a control character) need the automaton there.
+        self._string_safe = torch.tensor(
+            [bool(t) and i not in self.eos_ids and not any(c in '"\\' or ord(c) < 0x20 for c in t)
+             for i, t in enumerate(token_texts)], dtype=torch.bool)
+        self._string_special = [i for i, t in enumerate(token_texts)
+                                if t and i not in self.eos_ids and not self._string_safe[i]]
 
     @classmethod
     def for_tokenizer(cls, tokenizer, vocab_size: int) -> "JsonObjectConstraint":
@@ -179,6 +186,11 @@ class JsonObjectConstraint:
             mask = torch.zeros(len(self.texts), dtype=torch.bool)
             if JsonMachine.complete(state):
                 mask[list(self.eos_ids)] = True
+            elif state is not None and state[0].startswith("str:"):
+                mask |= self._string_safe
+                for i in self._string_special:
+                    if JsonMachine.feed(state, self.texts[i]) is not None:
+                        mask[i] = True
             elif state is not None:
                 for i, text in enumerate(self.texts):
                     if text and i not in self.eos_ids and JsonMachine.feed(state, text) is not None:
