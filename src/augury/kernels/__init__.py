@@ -33,6 +33,11 @@ shared and busy 2-core machine, `python -m augury.kernels.bench ...
 5 rows 100 ms (1.18x), 8 rows 114 ms (1.35x), 32 rows 330 ms; oneDNN's bf16
 (prepacked, AMX-bf16 on that CPU) 238 ms for 1 to 16 rows, 336 ms for 32.
 Large row counts (prefill) are compute bound at about 130-150 G multiply-adds
-per second per core here: at 256 rows 3.2 s against oneDNN bf16's 1.0 s on a
-CPU with AMX (not on one without it, where bf16 has no such unit).
+per second per core in the kernel; a CPU with AMX runs oneDNN's bf16 matmul
+about 3x faster. So blocks of more than 64 tokens (weight.PREFILL_ROWS)
+multiply bf16 weights dequantized tile by tile in C++ (0.26 ns a weight, about
+0.35 s per forward of the 1.5B on one core) with torch's matmul: 256 rows
+1.56 s against bf16's 1.03 s and the kernel's 3.15 s; 65 rows 1.00 s against
+bf16's 0.46 s (there the kernel, 0.70 s at 64 rows, would be faster: the
+crossover is near 100 rows on this CPU).
 """
