@@ -189,6 +189,8 @@ def test_weight_linear_dense_and_head_slices(ext):
     middle = w[10:50]  # anything else is repacked
     assert torch.equal(middle.dense(), dense[10:50])
     assert torch.equal(middle.linear(x, None), y[..., 10:50])
+    as_bf16 = GgufWeight(parts)  # dense() through the C++ dequantizer: the same bits
+    assert torch.equal(as_bf16.dense().view(torch.int16), dense.bfloat16().view(torch.int16))
 
 
 @pytest.fixture
