@@ -62,6 +62,9 @@ def _build() -> ModuleType:
 
     folder = build_dir()
     folder.mkdir(parents=True, exist_ok=True)
+    if not any(folder.glob("*.so")):
+        print(f"augury: building the GGUF matmul kernel for this machine (once, about half a minute) in {folder}",
+              file=sys.stderr, flush=True)
     return cpp_extension.load(
         name=f"augury_gguf_{build_key()}",
         sources=[str(_csrc() / "gguf_matmul.cpp")],
