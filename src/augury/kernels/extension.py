@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import platform
 import sys
 from pathlib import Path
@@ -62,6 +63,12 @@ def _build() -> ModuleType:
 
     folder = build_dir()
     folder.mkdir(parents=True, exist_ok=True)
+    try:  # the ninja wheel's binary, for a venv whose bin/ is not on PATH
+        import ninja
+
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+    except ImportError:
+        pass
     if not any(folder.glob("*.so")):
         print(f"augury: building the GGUF matmul kernel for this machine (once, about half a minute) in {folder}",
               file=sys.stderr, flush=True)
