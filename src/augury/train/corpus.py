@@ -40,6 +40,7 @@ class Corpus:
     description: list[dict] = field(default_factory=list)
     texts: list[dict] = field(default_factory=list)  # generated conversations, kept for inspection
     states: list[Tensor | None] = field(default_factory=list)  # per sequence: the target states recorded, if any
+    starts: list[int] = field(default_factory=list)  # per written sequence: where the target's answer begins
 
     @property
     def tokens(self) -> int:
@@ -246,6 +247,7 @@ def self_corpus(
             if answer_ids:
                 corpus.sequences.append(list(ids) + list(answer_ids))
                 corpus.states.append(states if recorder is not None else None)
+                corpus.starts.append(len(ids))
                 corpus.texts.append({"request": payload, "answer": event.result.text})
                 if on_sequence is not None:
                     on_sequence(len(corpus.sequences), corpus.tokens)

@@ -40,6 +40,7 @@ class Features:
     states: Tensor  # [n, H] bf16, the head's input state at each position
     topk_ids: Tensor  # [n, k] long: the target's most likely next tokens at each position
     topk_logprobs: Tensor  # [n, k] fp32, their log-probabilities
+    starts: Tensor  # [S] long: where each sequence's answer begins (the positions a drafter drafts at)
 
     @property
     def num_sequences(self) -> int:
@@ -63,14 +64,17 @@ class ShardWriter:
         self.written: list[Path] = []
         self.buffer: dict[str, list[Tensor]] = {"tokens": [], "states": [], "topk_ids": [], "topk_logprobs": []}
         self.lengths: list[int] = []
+        self.starts: list[int] = []
 
-    def add(self, tokens: list[int], states: Tensor, topk_ids: Tensor, topk_logprobs: Tensor) -> None:
-        """One sequence: tokens [L], states [L, H], the target's top-k ids and log-probabilities [L, k]."""
+    def add(self, tokens: list[int], states: Tensor, topk_ids: Tensor, topk_logprobs: Tensor, start: int = 0) -> None:
+        """One sequence: tokens [L], states [L, H], the target's top-k ids and log-probabilities [L, k];
+        start: the first position of the text a drafter would draft (the answer after a prompt; 0: all)."""
         self.buffer["tokens"].append(torch.tensor(tokens, dtype=torch.int32))
         self.buffer["states"].append(states.to(torch.bfloat16).cpu())
         self.buffer["topk_ids"].append(topk_ids.to(torch.int32).cpu())
         self.buffer["topk_logprobs"].append(topk_logprobs.to(torch.float16).cpu())
         self.lengths.append(len(tokens))
+        self.starts.append(start)
         if sum(self.lengths) >= self.shard_tokens:
             self.flush()
 
@@ -83,6 +87,7 @@ class ShardWriter:
         path = self.folder / f"{SHARD_PREFIX}{self.first_shard + len(self.written):05d}.safetensors"
         tensors = {name: torch.cat(parts).contiguous() for name, parts in self.buffer.items()}
         tensors["lengths"] = torch.tensor(self.lengths, dtype=torch.int64)
+        tensors["starts"] = torch.tensor(self.starts, dtype=torch.int64)
         try:
             write_atomic(path, save(tensors))
         except OSError as exc:
@@ -91,6 +96,7 @@ class ShardWriter:
         for parts in self.buffer.values():
             parts.clear()
         self.lengths.clear()
+        self.starts.clear()
         return self.written
 
 
@@ -107,7 +113,7 @@ def top_k(target: Model, final: Tensor, k: int, rows: int = 256) -> tuple[Tensor
 
 
 def add_recorded(writer: ShardWriter, target: Model, config: HeadConfig, tokens: list[int], hidden: Tensor,
-                 k: int) -> int:
+                 k: int, start: int = 0) -> int:
     """A sequence whose target states were recorded while it was written (`corpus.StateRecorder`).
 
     hidden: [n, H'] the states of tokens[:n] as the target's steps handed them over (its final normed
@@ -120,7 +126,7 @@ def add_recorded(writer: ShardWriter, target: Model, config: HeadConfig, tokens:
     width = target.config.hidden_size
     with torch.inference_mode():
         ids, logprobs = top_k(target, hidden[:, -width:], k)
-    writer.add(tokens[:n], pick_feature(config, hidden, width), ids, logprobs)
+    writer.add(tokens[:n], pick_feature(config, hidden, width), ids, logprobs, start)
     return n
 
 
@@ -164,14 +170,16 @@ def load(shards: list[Path]) -> Features:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    parts: dict[str, list[Tensor]] = {"tokens": [], "states": [], "topk_ids": [], "topk_logprobs": [], "lengths": []}
+    names = ("tokens", "states", "topk_ids", "topk_logprobs", "lengths")
+    parts: dict[str, list[Tensor]] = {name: [] for name in (*names, "starts")}
     for path in shards:
         try:
             loaded = load_file(str(path))
         except (SafetensorError, OSError) as exc:
             raise AuguryError(f"feature shard {path} is unreadable ({exc}); delete it to collect again") from None
-        for name in parts:
+        for name in names:
             parts[name].append(loaded[name])
+        parts["starts"].append(loaded.get("starts", torch.zeros_like(loaded["lengths"])))
     if not parts["lengths"]:
         raise AuguryError("no training features were collected (the corpus was empty or the time ran out)")
     lengths = torch.cat(parts["lengths"])
@@ -183,4 +191,5 @@ def load(shards: list[Path]) -> Features:
         states=torch.cat(parts["states"]),
         topk_ids=torch.cat(parts["topk_ids"]).long(),
         topk_logprobs=torch.cat(parts["topk_logprobs"]).float(),
+        starts=torch.cat(parts["starts"]),
     )

@@ -103,6 +103,7 @@ class Batch:
     topk_ids: Tensor  # [B, T, k] long
     topk_p: Tensor  # [B, T, k] float: the target's probabilities of those ids
     lengths: Tensor  # [B] long: real positions per window
+    starts: Tensor  # [B] long: where the drafted text (the answer) begins in each window
 
 
 def make_batch(data: Features, seqs: list[int], seq_len: int, gen: torch.Generator | None,
@@ -115,6 +116,7 @@ def make_batch(data: Features, seqs: list[int], seq_len: int, gen: torch.Generat
             shift = int(torch.randint(0, hi - lo - seq_len + 1, (1,), generator=gen)) if gen is not None else 0
             lo, hi = lo + shift, lo + shift + seq_len
         spans.append((lo, hi))
+    starts = [max(0, int(data.offsets[s]) + int(data.starts[s]) - lo) for s, (lo, _) in zip(seqs, spans)]
     width = max(hi - lo for lo, hi in spans)
 
     def take(t: Tensor) -> Tensor:
@@ -128,6 +130,7 @@ def make_batch(data: Features, seqs: list[int], seq_len: int, gen: torch.Generat
     return Batch(
         tokens=take(data.tokens), states=take(data.states).float(), topk_ids=take(data.topk_ids),
         topk_p=take(data.topk_logprobs).exp(), lengths=torch.tensor([hi - lo for lo, hi in spans], device=device),
+        starts=torch.tensor(starts, device=device),
     )
 
 
@@ -254,14 +257,17 @@ def loss(trainable: TrainableHead, batch: Batch, depth: int, feature_loss: float
 def evaluate(trainable: TrainableHead, data: Features, seqs: list[int], depth: int, seq_len: int,
              batch_size: int = 2) -> dict:
     """Held-out acceptance by position (greedy): alpha[d-1] = P(position d is the target's top-1 | 1..d-1 were,
-    and the text went on with them). Also the counts behind each, and the implied tau at K = depth."""
+    and the text went on with them), at the anchors a drafter drafts from (inside the answer: a
+    prompt's fixed template would be memorized, not predicted). Also the counts behind each, and the
+    implied tau at K = depth."""
     device = trainable.vocab.device
     hits = [0] * depth
     trials = [0] * depth
     for i in range(0, len(seqs), batch_size):
         batch = make_batch(data, seqs[i : i + batch_size], seq_len, None, device)
         b, t = batch.tokens.shape
-        going = torch.ones(b, t - 1, dtype=torch.bool, device=device)  # the chain so far was accepted
+        # the chain so far was accepted; drafting starts once the answer does (anchor = last committed row)
+        going = torch.arange(t - 1, device=device)[None] >= batch.starts[:, None] - 1
         for d, (y, anchor) in enumerate(rollout(trainable.head, batch, depth), start=1):
             at, real = _labels(batch, anchor, d)
             best = batch.topk_ids[:, at, 0]
@@ -517,8 +523,9 @@ def train(
             seconds = time.monotonic() - t0
             sources = written.description + sources
             manifest["corpus_tokens_per_hour"] = round(written.tokens / max(seconds, 1e-9) * 3600)
-            for ids, states in zip(written.sequences, written.states):
-                added = feats.add_recorded(writer, target, config, ids, states, plan.topk) if states is not None else 0
+            for ids, states, start in zip(written.sequences, written.states, written.starts):
+                added = (feats.add_recorded(writer, target, config, ids, states, plan.topk, start)
+                         if states is not None else 0)
                 done["tokens"] += added
                 done["sequences"] += added > 0
             try:
