@@ -305,3 +305,14 @@ def test_the_planner_starts_from_the_measured_cost_curve():
         planner.costs.observe_draft(1, 4, 4 * 0.003)
     assert plan_step(steep.costs, odds, [10], [None], 4, choices=(0, 4)) == [0]
     assert plan_step(flat.costs, odds, [10], [None], 4, choices=(0, 4)) == [4]
+
+
+def test_head_methods_take_their_head_file_as_an_option(tmp_path):
+    """--head is an option of the head methods (and refused elsewhere); a missing file is one clear error."""
+    target = tiny_model(vocab=VOCAB, seed=3, hidden=32, layers=3)
+    with pytest.raises(AuguryError, match="needs --head"):
+        build_proposer("eagle", target)
+    with pytest.raises(AuguryError, match=str(tmp_path / "none")):
+        build_proposer("mtp", target, head=str(tmp_path / "none"))
+    with pytest.raises(AuguryError, match="--head is not an option of draft method 'ngram'"):
+        build_proposer("ngram", target, head="x")

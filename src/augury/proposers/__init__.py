@@ -43,9 +43,9 @@ METHODS: dict[str, Method] = {
     "cross": Method("a model with another tokenizer, through text", opts.CrossOptions, "cross_tokenizer"),
     "layerskip": Method("the target with some layers skipped", opts.LayerSkipOptions, "layer_skip"),
     "quantized": Method("a low-bit copy of the target", opts.QuantizedOptions, "quantized"),
-    "mtp": Method("a trained MTP head on the target's states (--head)", opts.LoadOptions, "heads", "build_mtp"),
-    "eagle": Method("a trained EAGLE head on the target's states (--head)", opts.LoadOptions, "heads", "build_eagle"),
-    "parallel": Method("a trained block head: K tokens in one forward (--head)", opts.LoadOptions, "heads",
+    "mtp": Method("a trained MTP head on the target's states (--head)", opts.HeadOptions, "heads", "build_mtp"),
+    "eagle": Method("a trained EAGLE head on the target's states (--head)", opts.HeadOptions, "heads", "build_eagle"),
+    "parallel": Method("a trained block head: K tokens in one forward (--head)", opts.HeadOptions, "heads",
                        "build_parallel"),
 }
 

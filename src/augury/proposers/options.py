@@ -99,6 +99,13 @@ class QuantizedOptions(LoadOptions):
     draft_vocab: int = _draft_vocab()
 
 
+@dataclass(frozen=True)
+class HeadOptions(LoadOptions):
+    head: str | None = opt(None, "a head trained for this target by `augury train` (its folder or head.safetensors)")
+    draft_vocab: int = opt(0, "keep only the head's N most frequent tokens (0 = the vocabulary it was trained with)",
+                           int)
+
+
 def method_fields(options_cls: type) -> dict[str, dataclasses.Field]:
     """A method's own option fields (the load options excluded)."""
     return {f.name: f for f in dataclasses.fields(options_cls) if f.name not in LOAD_FIELDS}
