@@ -221,29 +221,19 @@ def test_first_two_committed_tokens_follow_p_target_exactly(kind, k, params_name
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("coupling", ["rejection", "coupled"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_sampled_head_output_matches_plain_sampling_chi_square(kind):
-    """Whole 3-token continuations through the engine against the enumerated plain distribution."""
-    from collections import Counter
+def test_sampled_head_output_matches_plain_sampling_chi_square(kind, coupling):
+    """Whole continuations through the engine against the enumerated plain distribution (tests/test_lossless.py's
+    battery and its stated power), by rejection sampling and by coupled sampling."""
+    import tests.test_lossless as lossless
 
-    from tests.test_lossless import PROMPT, chi_square_p_value, exact_continuations
-
-    samples, threshold = 20_000, 1e-3
-    small = tiny_model(vocab=4, seed=10, hidden=16, layers=3)
-    base = dict(temperature=0.9, top_k=3, max_tokens=3)
-    expected = exact_continuations(small, SamplingParams(**base), PROMPT, 3)
-    engine = Engine(small, untrained_proposer(kind, small, vocab=torch.tensor([0, 1, 3]), seed=11), k=2)
-    seeds = torch.randint(0, 2**62, (samples,), generator=torch.Generator().manual_seed(99)).tolist()
-    counts, drafted, accepted = Counter(), 0, 0
-    for seed in seeds:
-        result = engine.generate(PROMPT, SamplingParams(**base, seed=seed))
-        counts[tuple(result.token_ids)] += 1
-        drafted += result.stats.drafted
-        accepted += result.stats.accepted
-    p_value, cells = chi_square_p_value(counts, expected, samples)
-    assert 0 < accepted < drafted, f"{kind}: accepted {accepted} of {drafted}: both branches must be exercised"
-    assert p_value > threshold, (f"{kind}: continuations differ from plain sampling: chi-square p = {p_value:.2e} "
-                                 f"over {cells} cells and {samples} samples (threshold {threshold})")
+    setting = "t0.9-topk3"
+    small = lossless.chi_target()
+    engine = Engine(small, untrained_proposer(kind, small, vocab=torch.tensor([0, 1, 3]), seed=11), k=lossless.K)
+    params = lossless.seeded_params(setting, lossless.sample_count(kind), coupling=coupling)
+    results = [engine.generate(lossless.PROMPT, p) for p in params]
+    lossless.check_against_plain(f"{kind} head, {coupling}", results, setting)
 
 
 # -- the vocabulary subset --------------------------------------------------------------------------

@@ -69,6 +69,7 @@ from augury.models.decoder import (
 from augury.models.loader import Model
 from augury.proposers.base import Draft, ProposerBase, Sequence
 from augury.sampling import probabilities, sample
+from augury.step import draw
 from augury.verify import VerifyResult
 
 KINDS = ("mtp", "eagle", "parallel")
@@ -461,14 +462,18 @@ class HeadProposer(ProposerBase):
         q_row = probabilities(full, params, seq.prompt, seq.output, tokens)[0]
         if params.greedy:
             token = int(q_row.argmax())
+        elif float(q_row[vocab].sum()) < 0.5:  # every subset token masked (min_tokens on a subset of EOS ids)
+            return False
+        elif params.coupled:
+            # the target's own noise at this output position: the token the target would pick if its
+            # distribution were q_draft (coupled verification needs no q_draft)
+            token = draw(q_row, seq, len(seq.output) + len(tokens))
         else:
-            if float(q_row[vocab].sum()) < 0.5:  # every subset token masked (min_tokens on a subset of EOS ids)
-                return False
             token = int(sample(q_row[None], seq.generator)[0])
         if not self.in_subset[token]:
             return False
         tokens.append(token)
-        if not params.greedy:
+        if not params.greedy and not params.coupled:
             q_rows.append(q_row)
         return True
 
