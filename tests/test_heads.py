@@ -434,3 +434,19 @@ def test_a_head_file_is_replaced_whole_or_not_at_all(target, home, monkeypatch):
     assert path.read_bytes() == before
     assert heads.load_head(path, source).name == "eagle"
     assert not [p for p in (home / "head").iterdir() if ".tmp" in p.name]
+
+
+def test_hybrid_with_a_head_fallback_equals_plain_and_both_parts_draft(target, trained, home):
+    """The suffix matcher first, the trained head when no match is long enough: the head still hears
+    every step's states (the hybrid passes them through), so greedy output stays plain's."""
+    from augury.proposers import build_proposer
+
+    source = _with_source(target, home / "target.gguf", b"weights of the tiny target")
+    path = _save(home / "head", source, "eagle", trained)
+    hybrid = build_proposer("hybrid", source, head=str(path), match_min=1)
+    assert hybrid.needs_hidden and isinstance(hybrid.model, HeadProposer)
+    params = SamplingParams(max_tokens=40)
+    for prompt in PROMPTS + [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2]]:
+        plain = Engine(source).generate(prompt, params)
+        assert Engine(source, hybrid, k=4).generate(prompt, params).token_ids == plain.token_ids
+    assert hybrid.matcher_drafts > 0 and hybrid.model_drafts > 0, "both parts should have drafted"

@@ -34,6 +34,10 @@ class HybridProposer(ProposerBase):
     def __init__(self, matcher: Proposer, model: Proposer, min_match_tokens: int = 2) -> None:
         self.matcher = matcher
         self.model = model
+        # A trained head as the fallback reads the target's states: the hybrid asks for what its parts need.
+        self.needs_hidden = model.needs_hidden or matcher.needs_hidden
+        self.needs_every_step = model.needs_every_step or matcher.needs_every_step
+        self.hidden_layers = tuple(model.hidden_layers)
         self.min_match_tokens = min_match_tokens
         self.proposed_by: dict[int, Proposer] = {}  # seq.id -> the part whose draft is being verified
         self.matcher_drafts = 0  # steps drafted by each part, for reporting
@@ -44,8 +48,8 @@ class HybridProposer(ProposerBase):
         return self.matcher.forwards + self.model.forwards
 
     def start(self, seq: Sequence, prompt_hidden=None) -> None:
-        self.matcher.start(seq)
-        self.model.start(seq)
+        self.matcher.start(seq, prompt_hidden)
+        self.model.start(seq, prompt_hidden)
 
     def propose(self, seq: Sequence, k: int) -> Draft:
         return self.propose_batch([seq], [k])[0]
@@ -81,9 +85,14 @@ class HybridProposer(ProposerBase):
 
 
 def build(target: Model, options) -> HybridProposer:
-    """Suffix matcher (with the optional corpus) plus the draft model named by options.draft (HybridOptions)."""
+    """Suffix matcher (with the optional corpus) plus the draft model named by options.draft, or the head
+    given by options.head (HybridOptions)."""
     from augury.proposers.draft_model import build as build_model
 
+    if options.head:  # a trained head (augury train) instead of a draft model
+        from augury.proposers.heads import build as build_head
+
+        return HybridProposer(build_suffix(target, options), build_head(target, options), options.match_min + 1)
     if not options.draft:
         raise AuguryError("draft method 'hybrid' needs --draft NAME_OR_PATH for its fallback draft model")
     return HybridProposer(build_suffix(target, options), build_model(target, options), options.match_min + 1)

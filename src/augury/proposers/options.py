@@ -72,9 +72,6 @@ class SuffixOptions(LoadOptions):
     suffix_corpus: str | None = opt(None, "file persisting earlier outputs as extra corpus between runs")
 
 
-@dataclass(frozen=True)
-class HybridOptions(ModelOptions, SuffixOptions):
-    """The suffix matcher's options and the fallback draft model's."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +101,13 @@ class HeadOptions(LoadOptions):
     head: str | None = opt(None, "a head trained for this target by `augury train` (its folder or head.safetensors)")
     draft_vocab: int = opt(0, "keep only the head's N most frequent tokens (0 = the vocabulary it was trained with)",
                            int)
+
+
+@dataclass(frozen=True)
+class HybridOptions(ModelOptions, SuffixOptions):
+    """The suffix matcher's options and the fallback's: a draft model, or a trained head (--head)."""
+
+    head: str | None = opt(None, "a head trained for this target by `augury train` (its folder or head.safetensors)")
 
 
 def method_fields(options_cls: type) -> dict[str, dataclasses.Field]:
