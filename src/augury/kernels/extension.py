@@ -69,7 +69,7 @@ def _build() -> ModuleType:
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
     except ImportError:
         pass
-    if not any(folder.glob("*.so")):
+    if not any(folder.glob("*.so")) and sys.stderr.isatty():  # a person waiting at a terminal, not a log
         print(f"augury: building the GGUF matmul kernel for this machine (once, about half a minute) in {folder}",
               file=sys.stderr, flush=True)
     return cpp_extension.load(
