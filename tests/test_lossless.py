@@ -187,7 +187,10 @@ CONTINUATION = 4  # after the prefill's token, up to K = 2 drafted tokens per st
 K = 2
 PROMPT = [1, 2, 3, 1, 2]
 P_THRESHOLD = 1e-3
-STATED_TV = 0.03  # every run reports its power against any output distribution this far from p_target
+# Every run reports its power against any output distribution this far from p_target. The counts
+# below keep the whole suite inside CI's time on 2 cores (100k samples of every drafter took about
+# 45 min here); AUGURY_CHI_SAMPLES raises them, and the power test states what they can detect.
+STATED_TV = 0.045
 MIN_POWER = 0.9
 CHI_PARAMS = {
     "t0.9-topk3": dict(temperature=0.9, top_k=3),
@@ -199,8 +202,8 @@ SCHEDULER_CASES = ["model", "hybrid", "quantized"]  # batched drafting, a mix of
 
 
 def sample_count(case_name: str) -> int:
-    """100k samples for the model drafter (the speculative core), 20k for the others (power printed)."""
-    default = 100_000 if case_name == "model" else 20_000
+    """40k samples for the model drafter (the speculative core), 10k for the others (power printed)."""
+    default = 40_000 if case_name == "model" else 10_000
     return int(os.environ.get("AUGURY_CHI_SAMPLES", default))
 
 
@@ -342,7 +345,7 @@ def test_scheduler_batched_samples_match_plain_sampling(case_name):
     setting = "t1.2-topp0.95-penalties"
     case: ProposerCase = next(c for c in PROPOSER_CASES if c.name == case_name)
     target = chi_target()
-    params = seeded_params(setting, min(sample_count(case_name), 20_000))
+    params = seeded_params(setting, min(sample_count(case_name), 10_000))
     results, scheduler = scheduler_results(target, make_proposer(case, target, seed=11), PROMPT, params, K)
     stats = scheduler.stats
     assert stats.sequence_steps >= 2 * stats.steps, (
@@ -358,7 +361,7 @@ def test_coupled_samples_over_seeds_match_plain_sampling(driver):
     setting = "t1.2-topp0.95-penalties"
     target = chi_target()
     proposer = make_proposer(next(c for c in PROPOSER_CASES if c.name == "model"), target, seed=11)
-    params = seeded_params(setting, 20_000 if "AUGURY_CHI_SAMPLES" not in os.environ else sample_count("model"),
+    params = seeded_params(setting, 10_000 if "AUGURY_CHI_SAMPLES" not in os.environ else sample_count("model"),
                            coupling="coupled")
     assert all(p.mode == "coupled" for p in params)
     if driver == "engine":
