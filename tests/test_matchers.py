@@ -15,7 +15,7 @@ import pytest
 
 from augury.engine import Engine
 from augury.errors import AuguryError
-from augury.proposers import build_proposer
+from augury.proposers import ProposerBase, build_proposer
 from augury.proposers.base import Draft, Sequence
 from augury.proposers.draft_model import DraftModelProposer
 from augury.proposers.hybrid import HybridProposer
@@ -272,11 +272,10 @@ def test_corpus_file_errors(tmp_path):
 # -- hybrid ----------------------------------------------------------------------------------
 
 
-class Recording:
+class Recording(ProposerBase):
     """A proposer stub that drafts a fixed list and records the feedback it hears."""
 
     name = "recording"
-    forwards = 0
 
     def __init__(self, draft: list[int]) -> None:
         self.draft = draft
