@@ -282,9 +282,6 @@ class Recording(ProposerBase):
         self.proposed = 0
         self.verified: list[tuple[int, int]] = []
 
-    def start(self, seq):
-        pass
-
     def propose(self, seq, k):
         self.proposed += 1
         return Draft(self.draft[:k])
@@ -292,8 +289,6 @@ class Recording(ProposerBase):
     def on_step(self, seq, result, hidden):
         self.verified.append((result.num_drafted, result.num_accepted))
 
-    def finish(self, seq):
-        pass
 
 
 @pytest.mark.parametrize(
