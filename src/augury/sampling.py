@@ -167,6 +167,28 @@ def hold_back_eos(logits: Tensor, params: SamplingParams, position: int) -> Tens
     return logits
 
 
+def shaped_logits(
+    logits: Tensor,
+    params: SamplingParams,
+    prompt: list[int] | None = None,
+    output: list[int] | None = None,
+    drafted: list[int] | None = None,
+) -> Tensor:
+    """Logits [N, V] after everything but temperature and truncation: penalties, the grammar mask, min_tokens.
+
+    Rows as in `probabilities`. Extreme but valid settings (a repetition
+    penalty of 1e-30) overflow to inf, and inf - inf is NaN: clamped to finite
+    values, every logit shifted by the row's largest then divides to 0 or below
+    at any temperature, so the softmax stays a distribution (tending to argmax
+    as the temperature -> 0). The min_tokens mask comes after the clamp, so it stays -inf.
+    """
+    position = len(output or []) + max(0, len(drafted or []) - logits.shape[0] + 1)  # output position of row 0
+    logits = constrained(apply_penalties(logits.float(), params, prompt or [], output or [], drafted or []),
+                         params, output, drafted)
+    info = torch.finfo(logits.dtype)
+    return hold_back_eos(logits.clamp(-info.max, info.max), params, position)
+
+
 def probabilities(
     logits: Tensor,
     params: SamplingParams,
@@ -188,19 +210,10 @@ def probabilities(
     order a sort happens to leave equal values in: the same for any row count
     and any vocabulary size (a token of equal probability, wherever it sits).
     """
-    position = len(output or []) + max(0, len(drafted or []) - logits.shape[0] + 1)  # output position of row 0
-    logits = constrained(apply_penalties(logits.float(), params, prompt or [], output or [], drafted or []),
-                         params, output, drafted)
+    logits = shaped_logits(logits, params, prompt, output, drafted)
     if params.greedy:
-        logits = hold_back_eos(logits, params, position)
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    # Extreme but valid settings (a temperature of 1e-40, a repetition penalty of
-    # 1e-30) overflow to inf, and inf - inf is NaN. Clamped to finite values and
-    # shifted so the largest is 0, every logit divides to 0 or below: the
-    # softmax stays a distribution (tending to argmax as the temperature -> 0).
-    info = torch.finfo(logits.dtype)
-    logits = hold_back_eos(logits.clamp(-info.max, info.max), params, position)  # after the clamp: stays -inf
-    temperature = max(params.temperature, info.tiny)  # below that it rounds to 0 in fp32, and 0 / 0 is NaN
+    temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)  # below: 0 in fp32, and 0 / 0 is NaN
     logits = (logits - logits.max(-1, keepdim=True).values) / temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
@@ -237,12 +250,8 @@ def log_probabilities(
     asks about keep their probabilities. Row by row, from the same logits
     rows, so speculative and plain decoding report the same bits.
     """
-    position = len(output or []) + max(0, len(drafted or []) - logits.shape[0] + 1)
-    logits = constrained(apply_penalties(logits.float(), params, prompt or [], output or [], drafted or []),
-                         params, output, drafted)
-    info = torch.finfo(logits.dtype)
-    logits = hold_back_eos(logits.clamp(-info.max, info.max), params, position)
-    temperature = 1.0 if params.greedy else max(params.temperature, info.tiny)
+    logits = shaped_logits(logits, params, prompt, output, drafted)
+    temperature = 1.0 if params.greedy else max(params.temperature, torch.finfo(logits.dtype).tiny)
     return torch.log_softmax((logits - logits.max(-1, keepdim=True).values) / temperature, dim=-1)
 
 
