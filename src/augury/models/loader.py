@@ -117,18 +117,20 @@ def _convert(source: Path, dtype: torch.dtype, progress: bool) -> tuple[ModelCon
     reader = gguf.open_gguf(source)
     config = gguf.read_config(reader, source)
     tokenizer = gguf.read_tokenizer(source)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        total = sum(int(t.n_bytes) for t in reader.tensors)
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"converting {source.name}", file=sys.stderr)
-    try:
-        flat = gguf.read_weights(reader, config, source, dtype, progress=bar.update if bar else None)
-    finally:
-        if bar is not None:
-            bar.close()
+    flat = _read_with_progress(reader, f"converting {source.name}", progress,
+                               lambda update: gguf.read_weights(reader, config, source, dtype, progress=update))
     return config, tokenizer, flat
+
+
+def _read_with_progress(reader, desc: str, progress: bool, read):
+    """read(update) under a byte progress bar over the GGUF's tensors (or none)."""
+    if not progress:
+        return read(None)
+    from tqdm import tqdm
+
+    total = sum(int(t.n_bytes) for t in reader.tensors)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr) as bar:
+        return read(bar.update)
 
 
 def _save_atomic(folder: Path, config: ModelConfig, tokenizer: Tokenizer, flat: dict, dtype: torch.dtype) -> None:
@@ -249,21 +251,8 @@ def _load_native_flat(source: Path, cached: Path | None, dtype: torch.dtype, pro
     reader = gguf.open_gguf(source)
     config = gguf.read_config(reader, source)
     tokenizer = gguf.read_tokenizer(source)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        total = sum(int(t.n_bytes) for t in reader.tensors)
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"repacking {source.name}", file=sys.stderr)
-    try:
-        flat = gguf.read_native_weights(
-            reader, config, source, dtype,
-            progress=bar.update if bar else None,
-            warn=lambda line: print(f"augury: {line}", file=sys.stderr),
-        )
-    finally:
-        if bar is not None:
-            bar.close()
+    flat = _read_with_progress(reader, f"repacking {source.name}", progress, lambda update: gguf.read_native_weights(
+        reader, config, source, dtype, progress=update, warn=lambda line: print(f"augury: {line}", file=sys.stderr)))
     if cached is not None and extension() is not None:
         _save_native(cached, config, tokenizer, flat, dtype)
     return config, tokenizer, flat
