@@ -33,23 +33,35 @@ def draft_fp32():
     return load_model(DRAFT, dtype="fp32")
 
 
-@pytest.fixture(scope="module")
-def hf_draft_fp32():
-    """transformers' own GGUF loader on the same file: an independent path to the same weights."""
-    from transformers import AutoModelForCausalLM
+class TestAgainstTransformers:
+    """The 0.5B against transformers' own model: a class, so that model is freed before the fp32 pair loads."""
 
-    path = resolve(DRAFT)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    return model.eval()
+    @pytest.fixture(scope="class")
+    def hf_draft_fp32(self):
+        """transformers' own GGUF loader on the same file: an independent path to the same weights."""
+        from transformers import AutoModelForCausalLM
 
+        path = resolve(DRAFT)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        return model.eval()
 
-def test_real_logits_match_transformers(draft_fp32, hf_draft_fp32):
-    ids = build_prompt_ids(draft_fp32.tokenizer, PROMPTS[0], chat=True)
-    with torch.no_grad():
-        ref = hf_draft_fp32(torch.tensor([ids])).logits.float()
-    ours = draft_fp32.decoder.forward(torch.tensor([ids]), draft_fp32.decoder.new_cache(1, 256))
-    rel = float((ours - ref).abs().max() / ref.abs().max())
-    assert rel < 1e-4, f"relative error {rel:.2e} against transformers on the real 0.5B"
+    def test_real_logits_match_transformers(self, draft_fp32, hf_draft_fp32):
+        ids = build_prompt_ids(draft_fp32.tokenizer, PROMPTS[0], chat=True)
+        with torch.no_grad():
+            ref = hf_draft_fp32(torch.tensor([ids])).logits.float()
+        ours = draft_fp32.decoder.forward(torch.tensor([ids]), draft_fp32.decoder.new_cache(1, 256))
+        rel = float((ours - ref).abs().max() / ref.abs().max())
+        assert rel < 1e-4, f"relative error {rel:.2e} against transformers on the real 0.5B"
+
+    def test_real_greedy_generation_matches_transformers(self, draft_fp32, hf_draft_fp32):
+        for prompt in PROMPTS[:2]:
+            ids = build_prompt_ids(draft_fp32.tokenizer, prompt, chat=True)
+            ours = Engine(draft_fp32).generate(ids, SamplingParams(max_tokens=24, ignore_eos=True)).token_ids
+            with torch.no_grad():
+                out = hf_draft_fp32.generate(
+                    torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
+                )
+            assert ours == out[0, len(ids) :].tolist(), f"greedy output differs from transformers for {prompt!r}"
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
@@ -67,17 +79,6 @@ def test_real_small_models_match_transformers(name):
     logits = ours.decoder.forward(torch.tensor([ids]), ours.decoder.new_cache(1, 256))
     rel = float((logits - ref).abs().max() / ref.abs().max())
     assert rel < 1e-3, f"{name}: relative error {rel:.2e} against transformers"
-
-
-def test_real_greedy_generation_matches_transformers(draft_fp32, hf_draft_fp32):
-    for prompt in PROMPTS[:2]:
-        ids = build_prompt_ids(draft_fp32.tokenizer, prompt, chat=True)
-        ours = Engine(draft_fp32).generate(ids, SamplingParams(max_tokens=24, ignore_eos=True)).token_ids
-        with torch.no_grad():
-            out = hf_draft_fp32.generate(
-                torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
-            )
-        assert ours == out[0, len(ids) :].tolist(), f"greedy output differs from transformers for {prompt!r}"
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ output then equals plain greedy output exactly, not merely up to near-ties.
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
@@ -516,10 +517,21 @@ def measure_padding(weights: Weights, dtype: torch.dtype) -> RowPadding:
 
 
 class _SameShapes:
-    """Weights compared by what their padding depends on (formats and shapes), for memoizing."""
+    """Weights compared by what their padding depends on (formats and shapes), for memoizing.
+
+    The weights are held weakly: the memo keeps its first key for the whole
+    process, and a strong reference there kept every measured model (GBs for
+    the real ones) alive after its last user let go of it.
+    """
 
     def __init__(self, weights: Weights, key: tuple) -> None:
-        self.weights, self.key = weights, key
+        self._weights, self.key = weakref.ref(weights), key
+
+    @property
+    def weights(self) -> Weights:
+        weights = self._weights()
+        assert weights is not None, "padding is measured while the caller holds the weights"
+        return weights
 
     def __hash__(self) -> int:
         return hash(self.key)
