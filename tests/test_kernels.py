@@ -272,3 +272,41 @@ def test_prefill_threshold_is_the_decoders_row_attention_limit():
     from tests.tiny import random_decoder
 
     assert random_decoder().row_attention_limit == PREFILL_ROWS
+
+
+def test_kernel_calls_let_other_python_threads_run(ext):
+    """A matmul releases the GIL: the server's event loop must answer while the scheduler thread verifies.
+
+    A Python thread notes the time in a loop while another thread makes one
+    long kernel call; holding the GIL would stall that loop for the whole call.
+    """
+    import threading
+    import time
+
+    kind = "Q4_K"
+    packed = [packing.pack(reference.decode(kind, _blocks(kind, 4096, 4096)))]
+    x = _x(32, 4096)
+    args = (packed, [packing.KIND_ID[kind]], [4096], None, "auto")
+    ext.linear(x, *args)  # warm
+    start = time.perf_counter()
+    ext.linear(x, *args)
+    call_s = time.perf_counter() - start
+    repeat = max(1, int(0.05 / call_s))  # at least 50 ms inside the kernel
+
+    inside, done = threading.Event(), threading.Event()
+
+    def verify() -> None:
+        inside.set()
+        ext.linear(x.repeat(repeat, 1), *args)
+        done.set()
+
+    worker = threading.Thread(target=verify)
+    worker.start()
+    inside.wait()
+    longest, last = 0.0, time.perf_counter()
+    while not done.is_set():
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    worker.join()
+    kernel_s = call_s * repeat
+    assert longest < kernel_s / 3, f"this thread stalled {longest * 1e3:.0f} ms during a {kernel_s * 1e3:.0f} ms kernel call"

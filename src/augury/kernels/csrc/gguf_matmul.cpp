@@ -498,9 +498,13 @@ std::vector<int64_t> layout_of(int64_t kind) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "augury's GGUF block matmul (AVX-512 VNNI / AVX2)";
   m.def("linear", &linear, "y = x @ W^T + bias on repacked GGUF parts", py::arg("x"), py::arg("packed"),
-        py::arg("kinds"), py::arg("rows"), py::arg("bias"), py::arg("isa") = "auto");
+        py::arg("kinds"), py::arg("rows"), py::arg("bias"), py::arg("isa") = "auto",
+        // A step's matmuls hold no Python objects: without the GIL, the server's
+        // event loop answers (/health, tokenizing) while the scheduler thread verifies.
+        py::call_guard<py::gil_scoped_release>());
   m.def("dequantize", &dequantize, "rows of a packed part as bf16 weights (AVX-512)", py::arg("packed"),
-        py::arg("kind"), py::arg("rows"), py::arg("n_in"), py::arg("tile0"), py::arg("tiles"));
+        py::arg("kind"), py::arg("rows"), py::arg("n_in"), py::arg("tile0"), py::arg("tiles"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("available_isas", &available_isas, "instruction sets this CPU can run, best first");
   m.def("layout", &layout_of, "(group_k, subs, sub_bytes, group_bytes) of a block kind");
 }
