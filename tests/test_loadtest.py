@@ -20,11 +20,13 @@ from augury.bench.load import (
     LevelResult,
     LoadReport,
     RequestResult,
+    ServerMemory,
     ServerProcess,
     check_port_free,
     parse_concurrency,
     prompt_index,
     prompts_at,
+    resident_gb,
     rounds_at,
     run_load,
 )
@@ -231,6 +233,24 @@ def test_a_slower_level_says_whether_a_repeat_was_not():
         "goal: never slower than speculation off: missed at concurrency "
         "8 (0.96x; repeats 0.909-1.020, one not slower: within this machine's noise), 16 (0.93x)"
     ]
+
+
+def test_memory_is_read_from_proc_and_reported():
+    import os
+
+    import numpy as np
+
+    before = resident_gb(os.getpid())
+    if before is None:
+        pytest.skip("no /proc here")
+    held = np.ones(64 * 1024 * 1024 // 8)  # 64 MB touched
+    current, peak = resident_gb(os.getpid())
+    assert current >= before[0] + 0.05 and peak >= current
+    del held
+    report = LoadReport([], {}, memory={SPEC_ON: ServerMemory(ready=2.0, peak=2.9, after=2.25)})
+    assert "- memory of the spec on server: 2.00 GB resident when ready, peak 2.90 GB, 2.25 GB after the load " \
+           "(+0.25 GB)" in report.markdown()
+    assert report.to_json()["memory_gb"] == {SPEC_ON: {"ready": 2.0, "peak": 2.9, "after": 2.25}}
 
 
 # -- server processes --------------------------------------------------------------------------------

@@ -195,6 +195,7 @@ class LoadReport:
     references: dict[str, dict[int, str]]  # server -> prompt -> its text at concurrency 1
     prompt_ids: list[str] = field(default_factory=list)
     settings: dict = field(default_factory=dict)
+    memory: dict[str, "ServerMemory"] = field(default_factory=dict)  # server -> its resident sizes
 
     def runs(self, server: str, concurrency: int) -> list[LevelResult]:
         """The repeats of one level on one server, in the order they ran."""
@@ -301,6 +302,8 @@ class LoadReport:
             lines += [f"  - {m.describe(self.prompt_ids)}" for m in lossless]
         elif both:
             lines.append(f"- lossless: spec on equals spec off on all {both} prompts")
+        for server, memory in self.memory.items():
+            lines.append(f"- memory of the {LABELS.get(server, server)} server: {memory.describe()}")
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict:
@@ -319,6 +322,7 @@ class LoadReport:
             "responses_compared": self.compared(),
             "mismatches": [asdict(m) for m in self.mismatches()],
             "lossless_mismatches": [asdict(m) for m in self.lossless_mismatches()],
+            "memory_gb": {server: asdict(memory) for server, memory in self.memory.items()},
         }
 
 
@@ -422,6 +426,30 @@ def run_load(
 
 
 # -- the servers ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ServerMemory:
+    """A server's resident memory in GB: when it was ready, its peak, and once the load had ended."""
+
+    ready: float
+    peak: float
+    after: float
+
+    def describe(self) -> str:
+        return (f"{self.ready:.2f} GB resident when ready, peak {self.peak:.2f} GB, "
+                f"{self.after:.2f} GB after the load ({self.after - self.ready:+.2f} GB)")
+
+
+def resident_gb(pid: int) -> tuple[float, float] | None:
+    """(current, peak) resident set of a process in GB from /proc (None where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            fields = dict(line.split(":", 1) for line in status if ":" in line)
+    except OSError:
+        return None
+    kib = [int(fields[name].split()[0]) for name in ("VmRSS", "VmHWM") if name in fields]
+    return (kib[0] / 1024**2, kib[1] / 1024**2) if len(kib) == 2 else None
 
 
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
@@ -548,8 +576,14 @@ def run_with_servers(
         for name, server in servers.items():
             clients[name] = EndpointContender(server.base, method=name)
             clients[name].check()
-        return run_load(clients, prompts, concurrency, requests_per_client, max_tokens, progress, min_requests,
-                        repeats)
+        ready = {name: resident_gb(server.proc.pid) for name, server in servers.items()}
+        report = run_load(clients, prompts, concurrency, requests_per_client, max_tokens, progress, min_requests,
+                          repeats)
+        for name, server in servers.items():
+            after = resident_gb(server.proc.pid)
+            if ready[name] is not None and after is not None:
+                report.memory[name] = ServerMemory(ready=ready[name][0], peak=after[1], after=after[0])
+        return report
     finally:
         for server in servers.values():
             try:
