@@ -254,11 +254,20 @@ def worst_case_power(n: int, cells: int, tv: float = STATED_TV, alpha: float = P
 
 def check_against_plain(label: str, results: list[GenerationResult], setting: str) -> None:
     """Chi-square of the sampled continuations against plain sampling; guards that speculation happened."""
+    check_samples(label, results, exact_continuations(setting), CONTINUATION)
+
+
+def check_samples(label: str, results: list[GenerationResult], expected: dict[tuple[int, ...], float],
+                  length: int) -> None:
+    """Chi-square of the results' first `length` tokens against their exact plain probabilities.
+
+    Also guards that speculation happened: enough drafted tokens, and both
+    acceptance and rejection seen.
+    """
     from scipy.stats import chisquare
 
     n = len(results)
-    expected = exact_continuations(setting)
-    counts = Counter(tuple(r.token_ids) for r in results)
+    counts = Counter(tuple(r.token_ids[:length]) for r in results)
     outside = [tokens for tokens in counts if expected.get(tokens, 0.0) == 0.0]
     assert not outside, f"{label}: outputs {outside[:3]} have probability 0 under p_target"
     cells = chi_cells(expected, n)
@@ -274,7 +283,7 @@ def check_against_plain(label: str, results: list[GenerationResult], setting: st
     assert drafted > n // 2, f"{label}: the proposer drafted only {drafted} tokens; the test would be vacuous"
     assert 0 < accepted < drafted, f"{label}: accepted {accepted} of {drafted}: both branches must be exercised"
     assert p_value > P_THRESHOLD, (
-        f"{label}: speculative {CONTINUATION}-token continuations differ from plain sampling: chi-square p = "
+        f"{label}: speculative {length}-token continuations differ from plain sampling: chi-square p = "
         f"{p_value:.2e} over {len(cells)} cells and {n} samples (threshold {P_THRESHOLD})"
     )
 
@@ -380,6 +389,29 @@ def test_top_p_keeps_every_token_tied_at_the_cut():
     probs = probabilities(torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0]]), SamplingParams(temperature=1.0, top_p=0.55))[0]
     assert (probs[:4] > 0).all() and probs[4] == 0, f"kept {probs.tolist()}"
     assert probs[1] == probs[2] == probs[3]
+
+
+def test_nucleus_cut_is_bitwise_its_full_sort_reference():
+    """The top-k shortcut gives the full sort's cut, bits and all, row by row: peaked rows (the
+    shortcut), flat and tied rows (the fallback), batched together or alone."""
+    from augury.sampling import NUCLEUS_CANDIDATES, nucleus_boundary, nucleus_boundary_reference
+
+    gen = torch.Generator().manual_seed(7)
+    vocab = 151_936
+    rows = [torch.randn(vocab, generator=gen) * scale for scale in (8.0, 4.0, 2.0, 0.5, 0.01)]
+    tied = torch.full((vocab,), -5.0)
+    tied[:3] = 3.0
+    tied[3 : 3 + 3 * NUCLEUS_CANDIDATES] = 0.0  # a tie group straddling the candidates
+    rows += [tied, torch.zeros(vocab)]
+    logits = torch.stack(rows)
+    for top_p in (0.05, 0.5, 0.9, 0.99, 0.999999):
+        probs = torch.softmax(logits, -1)
+        fast = nucleus_boundary(probs, top_p)
+        assert torch.equal(fast, nucleus_boundary_reference(probs, top_p)), f"top_p {top_p}"
+        for i in range(len(rows)):
+            assert torch.equal(nucleus_boundary(probs[i : i + 1], top_p), fast[i : i + 1]), f"row {i} alone"
+    peaked = torch.softmax(logits[:1], -1)
+    assert (peaked >= nucleus_boundary(peaked, 0.9)).sum() < NUCLEUS_CANDIDATES  # the shortcut is taken there
 
 
 @pytest.mark.parametrize("vocab", [16, 1000, 152_064])
