@@ -316,3 +316,43 @@ def test_head_methods_take_their_head_file_as_an_option(tmp_path):
         build_proposer("mtp", target, head=str(tmp_path / "none"))
     with pytest.raises(AuguryError, match="--head is not an option of draft method 'ngram'"):
         build_proposer("ngram", target, head="x")
+
+
+def test_a_batched_drafter_start_equals_starting_each_alone():
+    """Sequences started together (one prefill per group of like-length prompts, caches as rows of one
+    pool) hold what starting each alone holds: the same fed count and the same next drafts."""
+    from augury.proposers.base import Sequence
+    from augury.proposers.draft_model import DraftModelProposer
+
+    draft = tiny_model(vocab=16, seed=3, hidden=32, layers=2)
+    params = SamplingParams(max_tokens=8)
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2], [3], [4, 5, 6, 7, 8, 9, 10], [2, 2, 3], [5, 6, 7, 8, 9, 10]]
+
+    def drafts(batched: bool) -> list[tuple[int, list[int]]]:
+        proposer = DraftModelProposer(draft, 16)
+        seqs = [Sequence(list(p), params) for p in prompts]
+        if batched:
+            proposer.start_batch(seqs)
+        else:
+            for seq in seqs:
+                proposer.start(seq)
+        fed = [proposer.states[seq.id].fed for seq in seqs]
+        proposed = proposer.propose_batch(seqs, [3] * len(seqs))
+        return list(zip(fed, [d.tokens for d in proposed]))
+
+    together = drafts(batched=True)
+    assert together == drafts(batched=False)
+    assert [fed for fed, _ in together] == [len(p) - 1 for p in prompts]
+    assert all(len(tokens) == 3 for _, tokens in together)
+
+
+def test_a_burst_of_requests_starts_its_drafters_in_few_forwards():
+    """Five requests admitted together start the model drafter in one forward per group of like-length
+    prompts (here two groups), not one forward each."""
+    from augury.proposers.base import Sequence
+    from augury.proposers.draft_model import DraftModelProposer
+
+    proposer = DraftModelProposer(tiny_model(vocab=16, seed=3, hidden=32, layers=2), 16)
+    params = SamplingParams(max_tokens=8)
+    proposer.start_batch([Sequence([1] * n, params) for n in (9, 8, 7, 3, 3)])
+    assert proposer.forwards == 2

@@ -33,7 +33,7 @@ from augury.errors import AuguryError
 from augury.metrics import SpecStats
 from augury.models.loader import Model
 from augury.models.tokenizer import StreamDecoder
-from augury.proposers.base import Draft, Proposer, Sequence, propose_batch
+from augury.proposers.base import Draft, Proposer, Sequence, propose_batch, start_batch
 from augury.sampling import SamplingParams, log_probabilities, make_generator, probabilities, sample
 from augury.verify import VerifyResult, coupled_sample, verify_chain, verify_coupled
 
@@ -263,8 +263,12 @@ def draft(proposer: Proposer, requests: list[Request], ks: list[int]) -> DraftRo
         return DraftRound(0, 0, 0.0, True, 0, 0.0)
     started = [r for r, _ in live if not r.started]
     in_step = all(r in started or len(r.seq.tokens) - r.drafted_at_length <= 2 for r, _ in live)
-    for request in started:
-        request.start()
+    if started:
+        forwards = proposer.forwards
+        start_batch(proposer, [r.seq for r in started])  # one drafter prefill for all, where it batches
+        for request in started:
+            request.stats.draft_forwards += proposer.forwards - forwards
+            request.started = True
     t1 = time.perf_counter()
     forwards = proposer.forwards
     drafts = propose_batch(proposer, [r.seq for r, _ in live], [k for _, k in live])

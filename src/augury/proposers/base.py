@@ -114,8 +114,9 @@ class Proposer(Protocol):
 
     # Optional: `propose_batch(seqs, ks) -> list[Draft]` drafts for several
     # sequences at once (one drafter forward per drafted position for all of
-    # them). Callers go through `propose_batch` below, which falls back to
-    # one `propose` per sequence for drafters without it.
+    # them), and `start_batch(seqs)` starts several lazily started sequences
+    # at once (one drafter prefill for all). Callers go through `propose_batch`
+    # and `start_batch` below, which fall back to one call per sequence.
 
 
 def propose_batch(proposer: Proposer, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
@@ -124,6 +125,16 @@ def propose_batch(proposer: Proposer, seqs: list[Sequence], ks: list[int]) -> li
     if batched is not None:
         return batched(seqs, ks)
     return [proposer.propose(seq, k) if k > 0 else Draft([]) for seq, k in zip(seqs, ks)]
+
+
+def start_batch(proposer: Proposer, seqs: list[Sequence]) -> None:
+    """Start several sequences without target states: together where the proposer can, one by one otherwise."""
+    batched = getattr(proposer, "start_batch", None)
+    if batched is not None:
+        batched(seqs)
+        return
+    for seq in seqs:
+        proposer.start(seq, None)
 
 
 def batches(proposer: Proposer) -> bool:

@@ -34,6 +34,9 @@ from augury.step import draw
 from augury.verify import VerifyResult
 
 
+START_ROWS = 512  # rows one batched drafter prefill may hold (its activations grow with them)
+
+
 @dataclass
 class _DraftState:
     cache: KVCache
@@ -78,24 +81,50 @@ class DraftModelProposer(ProposerBase):
         return self._forwards
 
     def start(self, seq: Sequence, prompt_hidden=None) -> None:
-        max_len = len(seq.tokens) + seq.params.max_tokens + 64
-        cache = self.decoder.new_cache(1, max_len)
-        state = _DraftState(cache=cache, fed=0, drafted=[])
-        self.states[seq.id] = state
-        if len(seq.tokens) > 1:
-            self._feed([state], [seq.tokens[:-1]])
+        self.start_batch([seq])
 
-    def _feed(self, states: list[_DraftState], blocks: list[list[int]]) -> list[torch.Tensor]:
+    def start_batch(self, seqs: list[Sequence]) -> None:
+        """Prefill the drafter on each sequence's tokens but the last, prompts of like length in one forward.
+
+        A burst of new requests in a server starts in a few drafter forwards
+        rather than one each. A group's caches are rows of one pool (row views,
+        see `KVCache.rows`), so the group prefills as one batch, attended as a
+        block however long its prompts are. A forward is padded to its longest
+        block, so a group holds blocks at least half as long as its first
+        (longest) one, and at most START_ROWS rows unless one block is longer.
+        """
+        todo = sorted(seqs, key=lambda seq: -len(seq.tokens))
+        while todo:
+            longest = len(todo[0].tokens) - 1  # the longest block: every token but the last
+            fits = max(1, START_ROWS // max(longest, 1))
+            # at least half the longest block (so no empty block joins a non-empty one)
+            group = [seq for seq in todo[:fits] if 2 * (len(seq.tokens) - 1) >= longest]
+            todo = todo[len(group) :]
+            max_len = max(len(seq.tokens) + seq.params.max_tokens + 64 for seq in group)
+            pool = self.decoder.new_cache(len(group), max_len)
+            states = [_DraftState(cache=pool.rows(b, b + 1), fed=0, drafted=[]) for b in range(len(group))]
+            self.states.update((seq.id, state) for seq, state in zip(group, states))
+            if longest > 0:
+                self._feed(states, [seq.tokens[:-1] for seq in group], want_logits=False, cache=pool)
+
+    def _feed(
+        self, states: list[_DraftState], blocks: list[list[int]], want_logits: bool = True, cache=None
+    ) -> list[torch.Tensor]:
         """Run each state's block of tokens through the drafter; the last row's logits [V] per state.
 
         One forward for all of them: ragged blocks are padded with their last
         token (padding comes after the real tokens, so nothing real sees it)
-        and each cache is cut back to its real length afterwards.
+        and each cache is cut back to its real length afterwards. want_logits
+        False: only fill the caches (the returned rows are then meaningless).
+        cache: one cache whose rows are the states' caches, in order (else
+        the states' caches are grouped).
         """
         width = max(len(block) for block in blocks)
         rows = [block + block[-1:] * (width - len(block)) for block in blocks]
-        cache = states[0].cache if len(states) == 1 else CacheGroup([state.cache for state in states])
-        only_last = width == 1 or len(blocks) == 1  # then every block's last row is the block's last row
+        if cache is None:
+            cache = states[0].cache if len(states) == 1 else CacheGroup([state.cache for state in states])
+        # only_last: every block's last row is the block's last row (or no row is wanted)
+        only_last = width == 1 or len(blocks) == 1 or not want_logits
         logits = self.decoder.forward(
             torch.tensor(rows, device=self.decoder.device), cache, logits_rows=slice(-1, None) if only_last else None
         )

@@ -21,7 +21,7 @@ from __future__ import annotations
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers.base import Proposer
-from augury.proposers.base import Draft, ProposerBase, Sequence, propose_batch
+from augury.proposers.base import Draft, ProposerBase, Sequence, propose_batch, start_batch
 from augury.proposers.suffix import build as build_suffix
 from augury.verify import VerifyResult
 
@@ -50,6 +50,11 @@ class HybridProposer(ProposerBase):
     def start(self, seq: Sequence, prompt_hidden=None) -> None:
         self.matcher.start(seq, prompt_hidden)
         self.model.start(seq, prompt_hidden)
+
+    def start_batch(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self.matcher.start(seq, None)
+        start_batch(self.model, seqs)
 
     def propose(self, seq: Sequence, k: int) -> Draft:
         return self.propose_batch([seq], [k])[0]
