@@ -26,7 +26,10 @@ END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>
 
 # `tokenizers`' encode holds the GIL for its whole run (about 0.4 s per MB);
 # encode_batch releases it. Long texts take the batch path so that a server's
-# event loop keeps answering while another thread tokenizes a big prompt.
+# event loop keeps answering while another thread tokenizes a big prompt. Its
+# `_fast` form skips the character offsets: freeing those (with the GIL held)
+# stalled every other thread 87 ms for a 2 MB prompt, against 23 ms without,
+# and tokenizing took 0.80 s instead of 1.29 s.
 GIL_FREE_ABOVE = 1 << 16  # characters
 
 
@@ -86,7 +89,8 @@ class Tokenizer:
         False: it is plain text, as text a user wrote must be (see `encode_chat`)."""
         backend = self.backend if special else self.plain_backend
         if len(text) > GIL_FREE_ABOVE:
-            ids = backend.encode_batch([text], add_special_tokens=False)[0].ids
+            batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
+            ids = batch([text], add_special_tokens=False)[0].ids
         else:
             ids = backend.encode(text, add_special_tokens=False).ids
         if add_bos is None:
