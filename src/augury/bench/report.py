@@ -128,7 +128,8 @@ def tables(s: Summary) -> list[Table]:
 def settings_lines(s: Summary) -> list[str]:
     info = s.info
     fields = [("model", "model"), ("draft", "draft"), ("suite", "suite"), ("data", "data"), ("turns", "turns"),
-              ("max new tokens", "max_new_tokens"), ("temperature", "temperature"), ("K", "k"),
+              ("max new tokens", "max_new_tokens"), ("temperature", "temperature"), ("sampling", "sampling"),
+              ("seed", "seed"), ("K", "k"),
               ("dtype", "dtype"), ("device", "device"), ("started", "started")]
     lines = [f"{label}: {info[key]}" for label, key in fields if info.get(key) is not None]
     machine = info.get("machine") or {}
@@ -265,7 +266,8 @@ def render_markdown(s: Summary, plots: list[str]) -> str:
     parts += [f"- {line}" for line in settings_lines(s)] + [""]
     parts += [t.markdown() for t in tables(s)]
     if s.greedy and not s.mismatches and s.compared:
-        parts.append("All compared greedy outputs are identical to plain decoding.\n")
+        which = "greedy" if float(s.info.get("temperature", 0.0)) == 0.0 else "seeded, coupled-sampled"
+        parts.append(f"All compared {which} outputs are identical to plain decoding's.\n")
     if not s.greedy:
         parts.append(f"Sampled run (temperature {s.info.get('temperature')}): outputs differ by design and are "
                      "not compared with plain decoding.\n")
