@@ -33,17 +33,21 @@ def draft_fp32():
     return load_model(DRAFT, dtype="fp32")
 
 
+@pytest.fixture(scope="class")
+def hf_draft_fp32():
+    """transformers' own GGUF loader on the same file: an independent path to the same weights.
+
+    Class-scoped, for TestAgainstTransformers only: freed before the fp32 pair loads.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = resolve(DRAFT)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
+
+
 class TestAgainstTransformers:
     """The 0.5B against transformers' own model: a class, so that model is freed before the fp32 pair loads."""
-
-    @pytest.fixture(scope="class")
-    def hf_draft_fp32(self):
-        """transformers' own GGUF loader on the same file: an independent path to the same weights."""
-        from transformers import AutoModelForCausalLM
-
-        path = resolve(DRAFT)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-        return model.eval()
 
     def test_real_logits_match_transformers(self, draft_fp32, hf_draft_fp32):
         ids = build_prompt_ids(draft_fp32.tokenizer, PROMPTS[0], chat=True)
