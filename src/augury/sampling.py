@@ -239,15 +239,16 @@ def nucleus_boundary_reference(probs: Tensor, top_p: float) -> Tensor:
     or all dropped.
     """
     sorted_probs = probs.sort(dim=-1, descending=True).values
-    return _cut(sorted_probs, top_p)
+    return _cut(sorted_probs, top_p)[0]
 
 
-def _cut(sorted_probs: Tensor, top_p: float) -> Tensor:
-    """The last kept probability [N, 1] from each row's largest probabilities, in descending order."""
+def _cut(sorted_probs: Tensor, top_p: float) -> tuple[Tensor, Tensor]:
+    """From each row's largest probabilities [N, M], descending: the last kept one [N, 1], and the
+    mass before each [N, M]."""
     before = sorted_probs.cumsum(-1) - sorted_probs  # the same whatever order ties are in
     # At least the top token survives, even a top_p that is 0 in fp32 (1e-300).
     kept = (before < top_p).sum(-1, keepdim=True).clamp_min(1)
-    return sorted_probs.gather(-1, kept - 1)
+    return sorted_probs.gather(-1, kept - 1), before
 
 
 def nucleus_boundary(probs: Tensor, top_p: float) -> Tensor:
@@ -263,10 +264,9 @@ def nucleus_boundary(probs: Tensor, top_p: float) -> Tensor:
     """
     if probs.shape[-1] <= 2 * NUCLEUS_CANDIDATES:
         return nucleus_boundary_reference(probs, top_p)
-    top = torch.topk(probs, NUCLEUS_CANDIDATES, dim=-1).values
-    boundary = _cut(top, top_p)
-    # Past the candidates only if every candidate was kept and the mass before the last is below top_p.
-    wide = ((top.cumsum(-1)[:, -1] - top[:, -1]) < top_p).nonzero().flatten()
+    boundary, before = _cut(torch.topk(probs, NUCLEUS_CANDIDATES, dim=-1).values, top_p)
+    # Past the candidates only if the mass before the last candidate is still below top_p.
+    wide = (before[:, -1] < top_p).nonzero().flatten()
     if wide.numel():
         boundary[wide] = nucleus_boundary_reference(probs[wide], top_p)
     return boundary

@@ -108,7 +108,8 @@ class DraftModelProposer(ProposerBase):
                 self._feed(states, [seq.tokens[:-1] for seq in group], want_logits=False, cache=pool)
 
     def _feed(
-        self, states: list[_DraftState], blocks: list[list[int]], want_logits: bool = True, cache=None
+        self, states: list[_DraftState], blocks: list[list[int]], want_logits: bool = True,
+        cache: KVCache | None = None,
     ) -> list[torch.Tensor]:
         """Run each state's block of tokens through the drafter; the last row's logits [V] per state.
 
