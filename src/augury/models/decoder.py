@@ -12,9 +12,9 @@ verification of a K-token chain and of a token tree all use this one path.
 
 Batch invariance: a CPU matmul's row comes out bitwise the same whatever
 the row count only for some row counts: libraries pick kernels by the number
-of rows, and kernels round differently. Padding every forward to row counts
-that are invariant on this machine (`pad_rows`, measured at load by
-`calibration.calibrate`) makes a token's logits the same bits whether it was
+of rows, and kernels round differently. Padding every matmul's rows to a
+count that is invariant on this machine (`pad_rows`, measured at load by
+`calibration.calibrate`; attention goes row by row for blocks) makes a token's logits the same bits whether it was
 decoded alone or verified inside a block of drafted tokens: speculative greedy
 output then equals plain greedy output exactly, not merely up to near-ties.
 `exact=False` turns the padding off.
@@ -333,45 +333,49 @@ class Decoder:
         Every sequence's cache length grows by T; callers truncate what they
         do not keep.
         """
-        batch, t_real = tokens.shape
+        batch, t = tokens.shape
         if positions is None:
             base = torch.tensor(cache.lengths, device=self.device).unsqueeze(1)
-            positions = base + torch.arange(t_real, device=self.device)
-        t_padded = self.pad_rows(t_real)
-        padded = t_padded > t_real
-        if padded:
-            # Pad with copies of the last token at the next positions: they see
-            # the real tokens, the real tokens do not see them, and the cache
-            # forgets them right after.
-            extra = t_padded - t_real
-            tokens = torch.cat([tokens, tokens[:, -1:].expand(batch, extra)], dim=1)
-            positions = torch.cat(
-                [positions, positions[:, -1:] + torch.arange(1, extra + 1, device=self.device)], dim=1
-            )
-            if block_mask is not None:
-                block_mask = _pad_block_mask(block_mask, t_padded)
-        cache.check_room(tokens.shape[1])
-        hidden = self._run_layers(tokens, positions, cache, block_mask, t_real, hidden_layers)
-        if padded:
-            cache.truncate([n - (t_padded - t_real) for n in cache.lengths])
-
-        if padded:
-            hidden = hidden[:, :t_real]
+            positions = base + torch.arange(t, device=self.device)
+        cache.check_room(t)
+        # Only blocks that attend row by row can give a row its bits alone; a
+        # longer block (a prompt) attends in one masked call anyway, so its
+        # matmuls run unpadded (splitting a prompt into pieces would read the
+        # weights once per piece).
+        padding = self.padding if t <= self.row_attention_limit else NO_PADDING
+        hidden = self._run_layers(tokens, positions, cache, block_mask, hidden_layers, padding)
         final = hidden[..., -self.config.hidden_size :] if hidden_layers else hidden
-        logits = self._project(final if logits_rows is None else final[:, logits_rows])
+        logits = self._project(final if logits_rows is None else final[:, logits_rows], padding)
         if return_hidden:
             return logits, hidden
         return logits
 
-    def _project(self, rows: Tensor) -> Tensor:
-        """Final hidden rows [B, R, hidden] -> fp32 logits [B, R, V], through a padded matmul."""
-        batch, r, _ = rows.shape
-        flat = rows.reshape(batch * r, -1)
-        extra = self.pad_rows(flat.shape[0]) - flat.shape[0]
-        if extra:
-            flat = torch.cat([flat, flat[-1:].expand(extra, -1)])
-        logits = linear(flat, self.weights.lm_head)[: batch * r]
-        return logits.float().view(batch, r, -1)
+    def _linear(
+        self, x: Tensor, weight: Tensor | PackedWeight, bias: Tensor | None = None, padding: RowPadding | None = None
+    ) -> Tensor:
+        """x: [..., in] -> [..., out], its rows run as batch-invariant matmuls (see module doc).
+
+        padding: default the decoder's. The rows go in pieces (one unless
+        there are more than the calibration covers), each padded with copies
+        of its last row: a matmul's rows do not see each other, so padding
+        changes nothing but which kernel runs.
+        """
+        flat = x.reshape(-1, x.shape[-1])
+        pieces = (self.padding if padding is None else padding).pieces(flat.shape[0])
+        outs, start = [], 0
+        for real, padded in pieces:
+            piece = flat[start : start + real]
+            if padded > real:
+                piece = torch.cat([piece, piece[-1:].expand(padded - real, -1)])
+            out = linear(piece, weight, bias)
+            outs.append(out[:real] if padded > real else out)
+            start += real
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    def _project(self, rows: Tensor, padding: RowPadding | None = None) -> Tensor:
+        """Final hidden rows [B, R, hidden] -> fp32 logits [B, R, V]."""
+        return self._linear(rows, self.weights.lm_head, padding=padding).float()
 
     def _run_layers(
         self,
@@ -379,8 +383,8 @@ class Decoder:
         positions: Tensor,
         cache: KVCache,
         block_mask: Tensor | None,
-        real_rows: int,
         hidden_layers: tuple[int, ...] = (),
+        padding: RowPadding | None = None,
     ) -> Tensor:
         """The final normed states [B, T, hidden], after the outputs of `hidden_layers` if any are asked for."""
         c = self.config
@@ -393,9 +397,9 @@ class Decoder:
         if t <= self.row_attention_limit:
             # Each real row attends alone to exactly the keys it sees: the same
             # call shape whether the token is decoded alone or verified in a block.
-            attend_global = row_key_sets(cache.lengths, positions, block_mask, real_rows, window=None)
+            attend_global = row_key_sets(cache.lengths, positions, block_mask, window=None)
             attend_local = (
-                row_key_sets(cache.lengths, positions, block_mask, real_rows, window=c.sliding_window)
+                row_key_sets(cache.lengths, positions, block_mask, window=c.sliding_window)
                 if c.sliding_window
                 else attend_global
             )
@@ -414,13 +418,13 @@ class Decoder:
             h = rms_norm(x, layer.attn_norm, c.rms_eps)
             h = self._attention(
                 i, layer, h, cache, rope_local if sliding else rope_global,
-                attend_local if sliding else attend_global, total,
+                attend_local if sliding else attend_global, total, padding,
             )
             if layer.post_attn_norm is not None:
                 h = rms_norm(h, layer.post_attn_norm, c.rms_eps)
             x = x + h
             h = rms_norm(x, layer.mlp_norm, c.rms_eps)
-            h = self._mlp(layer, h)
+            h = self._mlp(layer, h, padding)
             if layer.post_mlp_norm is not None:
                 h = rms_norm(h, layer.post_mlp_norm, c.rms_eps)
             x = x + h
@@ -441,6 +445,7 @@ class Decoder:
         rope: tuple[Tensor, Tensor],
         attend: Tensor | list,
         total: int,
+        padding: RowPadding | None = None,
     ) -> Tensor:
         """h: [B, T, hidden] -> [B, T, hidden]; writes this block's K/V for layer `index`.
 
@@ -449,7 +454,7 @@ class Decoder:
         """
         c = self.config
         batch, t, _ = h.shape
-        qkv = linear(h, layer.wqkv, layer.bqkv)
+        qkv = self._linear(h, layer.wqkv, layer.bqkv, padding)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         q = qkv[..., :q_size].view(batch, t, c.num_heads, c.head_dim).transpose(1, 2)
         k = qkv[..., q_size : q_size + kv_size].view(batch, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
@@ -465,36 +470,39 @@ class Decoder:
             out = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=attend, scale=self.scale, enable_gqa=c.num_heads != c.num_kv_heads
             )
+            out = out.transpose(1, 2).reshape(batch, t, q_size)
         else:
-            out = self._attend_rows(index, q, cache, attend)
-        out = out.transpose(1, 2).reshape(batch, t, q_size)
-        return linear(out, layer.wo)
+            out = self._attend_rows(index, q, cache, attend).view(batch, t, q_size)
+        return self._linear(out, layer.wo, padding=padding)
 
     def _attend_rows(self, index: int, q: Tensor, cache: KVCache, attend: list) -> Tensor:
-        """Attention one query row at a time. q: [B, H, T, D] -> [B, H, T, D].
+        """Attention one query row at a time. q: [B, H, T, D] -> [B * T, H_kv, H / H_kv, D], rows in (b, i) order.
 
         The query heads that share a KV head are folded into the row axis
         ([1, H_kv, H/H_kv, D]), which is exact and much faster than GQA
-        broadcasting for a single row. Padding rows get zeros.
+        broadcasting for a single row. The rows are concatenated once at the
+        end (writing each into a preallocated output cost two more small ops
+        per row and layer, a tenth of a 5-row step's attention).
         """
         c = self.config
         group = c.num_heads // c.num_kv_heads
-        out = torch.zeros_like(q)
+        rows = []
+        kv = [cache.row_kv(index, b) for b in range(q.shape[0])]
         for b, i, keys_at in attend:
-            keys_b, values_b = cache.row_kv(index, b)
-            keys, values = keys_b[:, :, keys_at], values_b[:, :, keys_at]
+            keys_b, values_b = kv[b]
             row = q[b : b + 1, :, i].reshape(1, c.num_kv_heads, group, c.head_dim)
-            res = F.scaled_dot_product_attention(row, keys, values, scale=self.scale)
-            out[b, :, i] = res.reshape(c.num_heads, c.head_dim)
-        return out
+            rows.append(
+                F.scaled_dot_product_attention(row, keys_b[:, :, keys_at], values_b[:, :, keys_at], scale=self.scale)
+            )
+        return torch.cat(rows)
 
-    def _mlp(self, layer: LayerWeights, h: Tensor) -> Tensor:
-        gate, up = linear(h, layer.w_gate_up).chunk(2, dim=-1)
+    def _mlp(self, layer: LayerWeights, h: Tensor, padding: RowPadding | None = None) -> Tensor:
+        gate, up = self._linear(h, layer.w_gate_up, padding=padding).chunk(2, dim=-1)
         if self.config.activation == "gelu_tanh":
             act = F.gelu(gate, approximate="tanh")
         else:
             act = F.silu(gate)
-        return linear(act * up, layer.w_down)
+        return self._linear(act * up, layer.w_down, padding=padding)
 
 
 def weight_kinds(weights: Weights) -> list[str]:
@@ -551,25 +559,14 @@ def _measure_padding_once(same: _SameShapes, dtype: torch.dtype) -> RowPadding:
     return calibrate(linears, [w.shape[1] for w in mats], dtype)
 
 
-def _pad_block_mask(block_mask: Tensor, rows: int) -> Tensor:
-    """Grow a [.., T, T] block mask to [.., rows, rows]: padding rows see everything real, nobody sees them."""
-    t = block_mask.shape[-1]
-    out = torch.zeros(*block_mask.shape[:-2], rows, rows, dtype=torch.bool, device=block_mask.device)
-    out[..., :t, :t] = block_mask
-    out[..., t:, :] = True
-    out[..., t:, t:] = torch.tril(torch.ones(rows - t, rows - t, dtype=torch.bool, device=block_mask.device))
-    return out
-
-
 def row_key_sets(
     lengths: list[int],
     positions: Tensor,
     block_mask: Tensor | None,
-    real_rows: int,
     *,
     window: int | None,
 ) -> list[tuple[int, int, slice | Tensor]]:
-    """For each real block row: (sequence, row, the cache slots it attends to).
+    """For each block row: (sequence, row, the cache slots it attends to).
 
     A chain row sees a contiguous slot range (a slice: no copy); a tree row sees
     the prefix plus its ancestors (an index tensor). Slot j of the prefix holds
@@ -578,7 +575,7 @@ def row_key_sets(
     batch, t = positions.shape
     rows = []
     for b, start in enumerate(lengths):
-        for i in range(real_rows):
+        for i in range(t):
             if block_mask is None:
                 end = start + i + 1
                 lo = 0 if window is None else max(0, int(positions[b, i]) + 1 - window)

@@ -191,8 +191,8 @@ def _padding(weights: Weights, dtype: torch.dtype, device: torch.device, cached:
     path = cached / f"padding-{key}.json" if cached is not None else None
     padding = load_or_calibrate(path, key, lambda: measure_padding(weights, dtype))
     if padding.checked_rows < 8:
-        print(f"augury: warning: matmul rows on this machine are batch invariant only up to {padding.checked_rows} "
-              "rows; speculative greedy output may differ from plain decoding at near-ties", file=sys.stderr)
+        print(f"augury: note: matmuls on this machine keep each row's bits only up to {padding.checked_rows} rows; "
+              "longer blocks run in pieces (exact, but verification costs more)", file=sys.stderr)
     return padding
 
 

@@ -246,7 +246,7 @@ class Head:
         if visible is not None:
             attend = visible.unsqueeze(1)
         elif t <= ROW_LIMIT:
-            attend = row_key_sets(lengths, positions, block_mask, t, window=None)
+            attend = row_key_sets(lengths, positions, block_mask, window=None)
         else:
             attend = attention_mask(lengths, positions, total, block_mask, window=None)
         rope = self.runner.rope_global.lookup(positions)
