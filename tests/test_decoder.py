@@ -202,3 +202,54 @@ def test_measuring_padding_does_not_keep_a_model_alive():
     del decoder
     gc.collect()
     assert weights() is None
+
+
+class _RowCountQuirk:
+    """A matmul that rounds differently unless it has 2 or 3 rows, as a CPU library that picks its
+    kernel by the row count does."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight, self.shape = weight, weight.shape
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        # one row at a time: invariant by construction, but for the quirk
+        out = torch.cat([torch.nn.functional.linear(row, self.weight, bias) for row in x.split(1)])
+        return out if x.shape[0] in (2, 3) else out * (1 + 2**-10)
+
+    def dense(self) -> torch.Tensor:
+        return self.weight
+
+
+def test_a_batch_past_the_calibrated_rows_runs_in_pieces_and_keeps_every_rows_bits():
+    """Two sequences verifying 4 tokens each are one 8-row matmul; where only 2-3 rows agree with a
+    row alone, the decoder must run them as pieces of 3, 3 and 2 rows. Padding alone to a row
+    multiple (one 8-row matmul) gives other bits, which shows the check can fail."""
+    from dataclasses import replace
+
+    from augury.calibration import RowPadding
+    from augury.models.decoder import LINEAR_FIELDS
+    from tests.tiny import random_decoder
+
+    model = random_decoder(vocab=50, seed=3, dtype=torch.float32, layers=2, hidden=64)
+    w = model.weights
+    w.layers = [replace(l, **{n: _RowCountQuirk(getattr(l, n)) for n in LINEAR_FIELDS}) for l in w.layers]
+    w.lm_head = _RowCountQuirk(w.lm_head)
+    torch.manual_seed(2)
+    prefix = torch.randint(0, 50, (2, 9))
+    block = torch.randint(0, 50, (2, 4))
+
+    def batched(padding: RowPadding) -> torch.Tensor:
+        model.padding = padding
+        cache = model.new_cache(2, 32)
+        model.forward(prefix, cache)
+        return model.forward(block, cache)
+
+    model.padding = RowPadding((2, 2, 3), 0, 3)
+    alone = []
+    for b in range(2):
+        cache = model.new_cache(1, 32)
+        model.forward(prefix[b : b + 1], cache)
+        alone.append(torch.cat([model.forward(block[b : b + 1, i : i + 1], cache) for i in range(4)], dim=1))
+    assert model.padding.pieces(8) == [(3, 3), (3, 3), (2, 2)]
+    assert torch.equal(batched(RowPadding((2, 2, 3), 0, 3)), torch.cat(alone))
+    assert not torch.equal(batched(RowPadding((2, 2, 3), 1, 3)), torch.cat(alone))

@@ -54,6 +54,8 @@ struct F { __m256 lo, hi; };
 // Q8_0's quants are stored as value + 128; this variant multiplies the signed values
 // (|w| times x with w's sign, the u8 x s8 form without overflow), so no zero point.
 constexpr int kQ8Zero = 0;
+// 16 ymm registers hold a sub-block's quants already: row accumulators stay in memory.
+constexpr int kHeldRows = 0;
 
 inline I load(const uint8_t* p) {
   return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
@@ -194,6 +196,8 @@ namespace ops {
 struct I { __m512i v; };
 struct F { __m512 v; };
 constexpr int kQ8Zero = 128;  // u8 (value + 128) x s8, minus 128 * sum(xq)
+// 32 zmm registers: 8 for a sub-block's quants, 8 row accumulators, the rest for the scaling.
+constexpr int kHeldRows = 8;
 
 inline I load(const uint8_t* p) { return {_mm512_loadu_si512(p)}; }
 inline I set1_u8(uint8_t b) { return {_mm512_set1_epi8(static_cast<char>(b))}; }

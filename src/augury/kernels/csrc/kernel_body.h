@@ -141,12 +141,43 @@ static inline SubScales sub_scales(const uint8_t* sp, F d, F dmin, int s) {
   return sc;
 }
 
-// One tile of 16 columns for rows [r0, r0 + nr): acc[r][c] accumulates as in the header.
+// One row's step of one sub-block: acc += the sub-block's products, as in the header.
+template <int KIND>
+static inline F row_step(const ops::W<KIND == Q8_0>& wq, const SubScales& sc, const Rows& a, const int32_t* off,
+                         bool has_off, int64_t rr, int64_t kb, F acc) {
+  const int8_t* x = a.xq + rr * a.n_in + kb * 32;
+  const int64_t ib = rr * a.nb32 + kb;
+  if constexpr (KIND == Q6_K) {
+    I i0 = ops::bcast_i32(a.off32h + 2 * ib);
+    I i1 = ops::bcast_i32(a.off32h + 2 * ib + 1);
+    for (int g = 0; g < 4; ++g) {
+      i0 = ops::dot(i0, wq, g, x + 4 * g);
+      i1 = ops::dot(i1, wq, g + 4, x + 16 + 4 * g);
+    }
+    const F t = ops::fma(ops::cvt(i1), sc.sb, ops::mul(ops::cvt(i0), sc.sa));
+    return ops::fma(t, ops::bcast_f(a.dx[ib]), acc);
+  } else {
+    constexpr bool kMin = KIND == Q4_1 || KIND == Q5_1 || KIND == Q4_K || KIND == Q5_K;
+    I i0 = has_off ? ops::bcast_i32(off + ib) : ops::zero_i();
+    for (int g = 0; g < 8; ++g) i0 = ops::dot(i0, wq, g, x + 4 * g);
+    const F t = ops::mul(ops::cvt(i0), ops::bcast_f(a.dx[ib]));
+    F f = ops::fma(t, sc.sa, acc);
+    if constexpr (KIND == Q4_K || KIND == Q5_K) f = ops::fnma(sc.mn, ops::bcast_f(a.xsum[ib]), f);
+    else if constexpr (kMin) f = ops::fma(sc.mn, ops::bcast_f(a.xsum[ib]), f);
+    return f;
+  }
+}
+
+template <int KIND>
+static inline const int32_t* row_offsets(const Rows& a) {
+  return KIND == Q4_0 ? a.off8 : KIND == Q5_0 ? a.off16 : KIND == Q8_0 ? a.offq8 : nullptr;
+}
+
+// One tile of 16 columns for rows [r0, r0 + nr): acc[r][c] (in memory) accumulates as in the header.
 template <int KIND>
 static void tile_rows(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, int64_t nr, float* acc) {
   constexpr Layout L = layout(KIND);
-  constexpr bool kMin = KIND == Q4_1 || KIND == Q5_1 || KIND == Q4_K || KIND == Q5_K;
-  const int32_t* off = KIND == Q4_0 ? a.off8 : KIND == Q5_0 ? a.off16 : KIND == Q8_0 ? a.offq8 : nullptr;
+  const int32_t* off = row_offsets<KIND>(a);
   const bool has_off = off != nullptr && (KIND != Q8_0 || ops::kQ8Zero != 0);
   for (int64_t grp = 0; grp < groups; ++grp) {
     const uint8_t* gp = tile + grp * L.group_bytes;
@@ -161,33 +192,64 @@ static void tile_rows(const uint8_t* tile, int64_t groups, const Rows& a, int64_
       unpack<KIND>(gp + s * L.sub_bytes, w);
       auto wq = ops::prepare<KIND == Q8_0>(w);
       const SubScales sc = sub_scales<KIND>(sp, d, dmin, s);
-      const F sa = sc.sa, sb = sc.sb, mn = sc.mn;
       const int64_t kb = grp * L.subs + s;  // global 32-block index
-      for (int64_t r = 0; r < nr; ++r) {
-        const int64_t rr = r0 + r;
-        const int8_t* x = a.xq + rr * a.n_in + kb * 32;
-        const int64_t ib = rr * a.nb32 + kb;
-        F t;
-        if constexpr (KIND == Q6_K) {
-          I i0 = ops::bcast_i32(a.off32h + 2 * ib);
-          I i1 = ops::bcast_i32(a.off32h + 2 * ib + 1);
-          for (int g = 0; g < 4; ++g) {
-            i0 = ops::dot(i0, wq, g, x + 4 * g);
-            i1 = ops::dot(i1, wq, g + 4, x + 16 + 4 * g);
-          }
-          t = ops::fma(ops::cvt(i1), sb, ops::mul(ops::cvt(i0), sa));
-          ops::store_f(acc + 16 * r, ops::fma(t, ops::bcast_f(a.dx[ib]), ops::load_f(acc + 16 * r)));
-        } else {
-          I i0 = has_off ? ops::bcast_i32(off + ib) : ops::zero_i();
-          for (int g = 0; g < 8; ++g) i0 = ops::dot(i0, wq, g, x + 4 * g);
-          t = ops::mul(ops::cvt(i0), ops::bcast_f(a.dx[ib]));
-          F f = ops::fma(t, sa, ops::load_f(acc + 16 * r));
-          if constexpr (KIND == Q4_K || KIND == Q5_K) f = ops::fnma(mn, ops::bcast_f(a.xsum[ib]), f);
-          else if constexpr (kMin) f = ops::fma(mn, ops::bcast_f(a.xsum[ib]), f);
-          ops::store_f(acc + 16 * r, f);
-        }
-      }
+      for (int64_t r = 0; r < nr; ++r)
+        ops::store_f(acc + 16 * r, row_step<KIND>(wq, sc, a, off, has_off, r0 + r, kb, ops::load_f(acc + 16 * r)));
     }
+  }
+}
+
+// The same for exactly NR rows with their accumulators in registers for the whole tile (the
+// same operations in the same order, so the same bits): a row then costs its products and
+// scaling, not also a load and a store of its 16 sums per sub-block.
+template <int KIND, int NR>
+static void tile_rows_held(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, float* acc_out) {
+  constexpr Layout L = layout(KIND);
+  const int32_t* off = row_offsets<KIND>(a);
+  const bool has_off = off != nullptr && (KIND != Q8_0 || ops::kQ8Zero != 0);
+  F acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = ops::load_f(acc_out + 16 * r);
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    const uint8_t* gp = tile + grp * L.group_bytes;
+    const uint8_t* sp = gp + L.subs * L.sub_bytes;
+    F d, dmin;
+    group_scales<KIND>(sp, d, dmin);
+    for (int s = 0; s < L.subs; ++s) {
+      const uint8_t* ahead = gp + s * L.sub_bytes + kPrefetchBytes;
+      for (int line = 0; line < L.sub_bytes; line += 64) ops::prefetch(ahead + line);
+      I w[8];
+      unpack<KIND>(gp + s * L.sub_bytes, w);
+      auto wq = ops::prepare<KIND == Q8_0>(w);
+      const SubScales sc = sub_scales<KIND>(sp, d, dmin, s);
+      const int64_t kb = grp * L.subs + s;
+      for (int r = 0; r < NR; ++r) acc[r] = row_step<KIND>(wq, sc, a, off, has_off, r0 + r, kb, acc[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) ops::store_f(acc_out + 16 * r, acc[r]);
+}
+
+// Rows [r0, r0 + nr) of one tile, in register-held runs of up to ops::kHeldRows rows where the
+// instruction set has the registers for them (each run unpacks the tile again, from L1).
+template <int KIND>
+static void tile_rows_any(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, int64_t nr, float* acc) {
+  if constexpr (ops::kHeldRows >= 8) {
+    for (int64_t r = 0; r < nr;) {
+      const int64_t n = std::min<int64_t>(8, nr - r);
+      float* out = acc + 16 * r;
+      switch (n) {
+        case 1: tile_rows_held<KIND, 1>(tile, groups, a, r0 + r, out); break;
+        case 2: tile_rows_held<KIND, 2>(tile, groups, a, r0 + r, out); break;
+        case 3: tile_rows_held<KIND, 3>(tile, groups, a, r0 + r, out); break;
+        case 4: tile_rows_held<KIND, 4>(tile, groups, a, r0 + r, out); break;
+        case 5: tile_rows_held<KIND, 5>(tile, groups, a, r0 + r, out); break;
+        case 6: tile_rows_held<KIND, 6>(tile, groups, a, r0 + r, out); break;
+        case 7: tile_rows_held<KIND, 7>(tile, groups, a, r0 + r, out); break;
+        default: tile_rows_held<KIND, 8>(tile, groups, a, r0 + r, out); break;
+      }
+      r += n;
+    }
+  } else {
+    tile_rows<KIND>(tile, groups, a, r0, nr, acc);
   }
 }
 
@@ -201,7 +263,7 @@ static void run_tile(const uint8_t* tile, int64_t groups, const Rows& a, int64_t
   for (int64_t r0 = 0; r0 < R; r0 += kRowChunk) {
     const int64_t nr = std::min<int64_t>(kRowChunk, R - r0);
     for (int64_t i = 0; i < nr * 16; ++i) acc[i] = 0.0f;
-    tile_rows<KIND>(tile, groups, a, r0, nr, acc);
+    tile_rows_any<KIND>(tile, groups, a, r0, nr, acc);
     for (int64_t r = 0; r < nr; ++r) {
       F v = ops::load_f(acc + 16 * r);
       if (bias != nullptr) v = ops::add(v, ops::load_partial_f(bias, n_cols));
