@@ -360,8 +360,11 @@ class Decoder:
         of its last row: a matmul's rows do not see each other, so padding
         changes nothing but which kernel runs.
         """
-        flat = x.reshape(-1, x.shape[-1])
-        pieces = (self.padding if padding is None else padding).pieces(flat.shape[0])
+        rows = x.numel() // x.shape[-1]
+        pieces = (self.padding if padding is None else padding).pieces(rows)
+        if len(pieces) == 1 and pieces[0][1] == rows:  # nothing to pad (drafters, prompts): no extra ops
+            return linear(x, weight, bias)
+        flat = x.reshape(rows, x.shape[-1])
         outs, start = [], 0
         for real, padded in pieces:
             piece = flat[start : start + real]
