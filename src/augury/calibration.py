@@ -12,15 +12,16 @@ rows and for no row count from 55 to 256 but 96 (docs/design.md).
 
 So the padding is measured, as a table: for a `base` (the rows one token
 alone is padded to), every row count n from 1 to `max_rows` is multiplied
-with the model's own weight shapes, and n is *good* when each of its rows
-equals the same row computed alone at `base` rows. A block of r real rows
-is then padded to the fastest good count >= r (timed on the same weights),
-so a block pays for padding only where the machine needs it: 5 rows stay 5
-rows where 5 is good, and 12 go to 24 only where 12-23 are not. Past the
-table, counts are rounded up to the smallest row multiple whose probes are
-good, or, where none is, split into pieces the table covers. Of the bases,
-the fastest over 1-8 rows and batches of 16, 32 and 64 is kept. The loader caches the result next to the converted model, keyed by
-what it depends on (`machine_key`).
+once with the model's own weight shapes, and the calibration records how
+many leading rows of it equal the same rows computed alone at `base` rows.
+A block of r real rows is then padded to the fastest count whose first r
+rows agree (timed on the same weights), so a block pays for padding only
+where the machine needs it: 5 rows stay 5 rows where 5 agrees, and 12 go
+to 24 only where 12-23 do not. Past the table, counts are rounded up to the
+smallest row multiple that agrees at the probes, or, where none does, split
+into pieces the table covers. Of the bases, the fastest over 1-8 rows and
+batches of 16, 32 and 64 is kept. The loader caches the result next to the
+converted model, keyed by what it depends on (`machine_key`).
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ SCORED_ROWS = (*range(1, 9), 16, 32, 64)
 # Blocks up to this many rows take the fastest good count up to 2r + 8 (padding up can be faster: a
 # kernel for 4 rows may beat the one for 2); longer ones take the smallest good count.
 SPEED_ROWS = 16
-# Counts within this fraction of the fastest count as equally fast (the smaller wins): timing noise.
+# Counts within this fraction of the fastest, plus NOISE_S, count as equally fast (the smaller wins):
+# timing noise. NOISE_S keeps a tiny model's microsecond matmuls from padding by chance.
 SAME_SPEED = 0.05
+NOISE_S = 50e-6
 FORMAT = 2  # of the cached file: a file of another format is measured again
 
 
@@ -184,7 +187,7 @@ def _padding_for(agree: _Agreement, base: int, max_rows: int, seconds) -> RowPad
         if r <= SPEED_ROWS:
             near = [n for n in fits if n <= 2 * r + 8] or fits[:1]
             fastest = min(seconds(n) for n in near)
-            table.append(next(n for n in near if seconds(n) <= fastest * (1 + SAME_SPEED)))
+            table.append(next(n for n in near if seconds(n) <= fastest * (1 + SAME_SPEED) + NOISE_S))
         else:
             table.append(fits[0])
     checked = len(table)
