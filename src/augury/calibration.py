@@ -30,7 +30,7 @@ import hashlib
 import json
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -71,7 +71,7 @@ class RowPadding:
     probes. The default pads nothing.
     """
 
-    table: tuple[int, ...] = field(default=())
+    table: tuple[int, ...] = ()
     multiple: int = 1
     checked_rows: int = 0  # 0: not measured (no padding, or a device that gives no such guarantee)
 
@@ -177,8 +177,6 @@ def _padding_for(agree: _Agreement, base: int, max_rows: int, seconds) -> RowPad
     if agree.agreeing(base, base) < 1:
         return None
     counts = range(base, max_rows + 1)
-    probes = [int(max_rows * f) for f in PROBE_FACTORS]
-    multiple = next((m for m in MULTIPLES if all(agree.agreeing(-(-p // m) * m, base) >= p for p in probes)), 0)
     table: list[int] = []
     for r in range(1, max_rows + 1):
         fits = [n for n in counts if n >= r and agree.agreeing(n, base) >= r]
@@ -193,8 +191,10 @@ def _padding_for(agree: _Agreement, base: int, max_rows: int, seconds) -> RowPad
     checked = len(table)
     if not checked:  # base > max_rows
         return None
-    if checked < max_rows:  # a gap in the table: past it, only pieces the table covers are safe
-        multiple = 0
+    multiple = 0  # a gap in the table: past it, only pieces the table covers are safe
+    if checked == max_rows:
+        probes = [int(max_rows * f) for f in PROBE_FACTORS]
+        multiple = next((m for m in MULTIPLES if all(agree.agreeing(-(-p // m) * m, base) >= p for p in probes)), 0)
     return RowPadding(tuple(table), multiple, checked)
 
 

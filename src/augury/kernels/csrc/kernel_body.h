@@ -173,12 +173,11 @@ static inline const int32_t* row_offsets(const Rows& a) {
   return KIND == Q4_0 ? a.off8 : KIND == Q5_0 ? a.off16 : KIND == Q8_0 ? a.offq8 : nullptr;
 }
 
-// One tile of 16 columns for rows [r0, r0 + nr): acc[r][c] (in memory) accumulates as in the header.
-template <int KIND>
-static void tile_rows(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, int64_t nr, float* acc) {
+// Walk one tile's sub-blocks in order: unpack each once and hand its quants, scales and global
+// 32-block index to `rows`, which runs the activation rows' steps over it.
+template <int KIND, class RowsFn>
+static inline __attribute__((always_inline)) void each_sub_block(const uint8_t* tile, int64_t groups, RowsFn&& rows) {
   constexpr Layout L = layout(KIND);
-  const int32_t* off = row_offsets<KIND>(a);
-  const bool has_off = off != nullptr && (KIND != Q8_0 || ops::kQ8Zero != 0);
   for (int64_t grp = 0; grp < groups; ++grp) {
     const uint8_t* gp = tile + grp * L.group_bytes;
     const uint8_t* sp = gp + L.subs * L.sub_bytes;  // the group's scales
@@ -190,13 +189,20 @@ static void tile_rows(const uint8_t* tile, int64_t groups, const Rows& a, int64_
       for (int line = 0; line < L.sub_bytes; line += 64) ops::prefetch(ahead + line);
       I w[8];
       unpack<KIND>(gp + s * L.sub_bytes, w);
-      auto wq = ops::prepare<KIND == Q8_0>(w);
-      const SubScales sc = sub_scales<KIND>(sp, d, dmin, s);
-      const int64_t kb = grp * L.subs + s;  // global 32-block index
-      for (int64_t r = 0; r < nr; ++r)
-        ops::store_f(acc + 16 * r, row_step<KIND>(wq, sc, a, off, has_off, r0 + r, kb, ops::load_f(acc + 16 * r)));
+      rows(ops::prepare<KIND == Q8_0>(w), sub_scales<KIND>(sp, d, dmin, s), grp * L.subs + s);
     }
   }
+}
+
+// One tile of 16 columns for rows [r0, r0 + nr): acc[r][c] (in memory) accumulates as in the header.
+template <int KIND>
+static void tile_rows(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, int64_t nr, float* acc) {
+  const int32_t* off = row_offsets<KIND>(a);
+  const bool has_off = off != nullptr && (KIND != Q8_0 || ops::kQ8Zero != 0);
+  each_sub_block<KIND>(tile, groups, [&](const auto& wq, const SubScales& sc, int64_t kb) {
+    for (int64_t r = 0; r < nr; ++r)
+      ops::store_f(acc + 16 * r, row_step<KIND>(wq, sc, a, off, has_off, r0 + r, kb, ops::load_f(acc + 16 * r)));
+  });
 }
 
 // The same for exactly NR rows with their accumulators in registers for the whole tile (the
@@ -204,27 +210,13 @@ static void tile_rows(const uint8_t* tile, int64_t groups, const Rows& a, int64_
 // scaling, not also a load and a store of its 16 sums per sub-block.
 template <int KIND, int NR>
 static void tile_rows_held(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, float* acc_out) {
-  constexpr Layout L = layout(KIND);
   const int32_t* off = row_offsets<KIND>(a);
   const bool has_off = off != nullptr && (KIND != Q8_0 || ops::kQ8Zero != 0);
   F acc[NR];
   for (int r = 0; r < NR; ++r) acc[r] = ops::load_f(acc_out + 16 * r);
-  for (int64_t grp = 0; grp < groups; ++grp) {
-    const uint8_t* gp = tile + grp * L.group_bytes;
-    const uint8_t* sp = gp + L.subs * L.sub_bytes;
-    F d, dmin;
-    group_scales<KIND>(sp, d, dmin);
-    for (int s = 0; s < L.subs; ++s) {
-      const uint8_t* ahead = gp + s * L.sub_bytes + kPrefetchBytes;
-      for (int line = 0; line < L.sub_bytes; line += 64) ops::prefetch(ahead + line);
-      I w[8];
-      unpack<KIND>(gp + s * L.sub_bytes, w);
-      auto wq = ops::prepare<KIND == Q8_0>(w);
-      const SubScales sc = sub_scales<KIND>(sp, d, dmin, s);
-      const int64_t kb = grp * L.subs + s;
-      for (int r = 0; r < NR; ++r) acc[r] = row_step<KIND>(wq, sc, a, off, has_off, r0 + r, kb, acc[r]);
-    }
-  }
+  each_sub_block<KIND>(tile, groups, [&](const auto& wq, const SubScales& sc, int64_t kb) {
+    for (int r = 0; r < NR; ++r) acc[r] = row_step<KIND>(wq, sc, a, off, has_off, r0 + r, kb, acc[r]);
+  });
   for (int r = 0; r < NR; ++r) ops::store_f(acc_out + 16 * r, acc[r]);
 }
 
