@@ -129,6 +129,18 @@ def test_kernel_rows_are_bitwise_batch_invariant(ext, kind, isa):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_every_instruction_set_gives_the_same_bits(ext, kind):
+    """AVX-512, AVX2 and the portable C++ body run the same operations in the same order."""
+    raw = _blocks(kind, seed=9)
+    x = _x(seed=10)
+    runs = ext.available_isas()
+    assert "portable" in runs, "the portable body runs on any CPU"
+    first = _kernel(ext, x, [(kind, raw)], runs[0])
+    for isa in runs[1:]:
+        assert torch.equal(_kernel(ext, x, [(kind, raw)], isa), first), f"{kind}: {isa} differs from {runs[0]}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_kernel_is_within_the_stated_bound_of_the_fp32_matmul(ext, kind):
     """|kernel - x @ W^T| <= sum_k |w_k| dx / 2 (int8 activations) + accumulation slack; and it is not exact."""
     raw = _blocks(kind, seed=4)

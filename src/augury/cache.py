@@ -79,6 +79,10 @@ class KVCache:
         """Sequence b's keys and values of one layer: two [1, H_kv, max_len, D] views."""
         return self.keys[layer][b : b + 1], self.values[layer][b : b + 1]
 
+    def sequence_kv(self, layer: int) -> tuple[list[Tensor], list[Tensor]]:
+        """Every sequence's keys and values of one layer, as lists of [H_kv, max_len, D] views (the native layer's form)."""
+        return list(self.keys[layer].unbind(0)), list(self.values[layer].unbind(0))
+
     def view(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
         """The first `length` slots of every sequence: two [B, H_kv, length, D] views."""
         return self.keys[layer][:, :, :length], self.values[layer][:, :, :length]
@@ -182,6 +186,9 @@ class CacheGroup:
 
     def row_kv(self, layer: int, b: int) -> tuple[Tensor, Tensor]:
         return self.caches[b].row_kv(layer, 0)
+
+    def sequence_kv(self, layer: int) -> tuple[list[Tensor], list[Tensor]]:
+        return [c.keys[layer][0] for c in self.caches], [c.values[layer][0] for c in self.caches]
 
     def view(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
         raise ValueError("a cache group serves only blocks attended row by row; feed long blocks one sequence at a time")

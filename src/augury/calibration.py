@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -111,7 +112,8 @@ def machine_key(dtype: torch.dtype, weight_kinds: list[str]) -> str:
                     break
     except OSError:
         pass
-    parts = [cpu, torch.__version__, str(torch.get_num_threads()), str(dtype), *sorted(set(weight_kinds))]
+    isa = os.environ.get("AUGURY_ISA", "")  # a forced kernel path costs and rounds as its own machine
+    parts = [cpu, isa, torch.__version__, str(torch.get_num_threads()), str(dtype), *sorted(set(weight_kinds))]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 

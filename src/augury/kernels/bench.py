@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [int(r) for r in args.rows.split(",")]
     t0 = time.perf_counter()
     mats = model_matrices(str(resolve(args.model, offline=True)))
-    print(f"loaded and repacked in {time.perf_counter() - t0:.1f} s; kernel isa {mats[0].kernel and mats[0].kernel.available_isas()[0]}")
+    print(f"loaded and repacked in {time.perf_counter() - t0:.1f} s; kernel path {mats[0].isa}")
     print(report("gguf kernel", mats, time_step(mats, rows, torch.bfloat16, args.repeats, clock)), flush=True)
     if args.bf16:
         dense = []

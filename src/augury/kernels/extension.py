@@ -9,8 +9,13 @@ native weights are used (tens of seconds, once). The build directory is keyed by
 the sources, the torch version and the CPU's flags, so an upgrade or another
 machine sharing the home rebuilds instead of loading a stale library.
 
-Any failure (no compiler, no ninja, an old CPU) leaves `import augury` and the
+Any failure (no compiler, no ninja) leaves `import augury` and the
 bf16 path untouched: `extension()` returns None and says why in one line.
+
+The library holds the kernel body three times: AVX-512 VNNI, AVX2 and portable
+C++ (no intrinsics, for any other CPU); `kernel_isa()` picks the best one the CPU
+runs. `AUGURY_ISA=avx512|avx2|portable|torch` forces one (torch: no extension,
+the torch fallback), so that one machine can measure and test every path.
 """
 
 from __future__ import annotations
@@ -23,7 +28,23 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-SOURCES = ("gguf_matmul.cpp", "kernel_body.h")
+from augury.errors import AuguryError
+
+SOURCES = (
+    "gguf_matmul.cpp", "common.h", "kernel_body.h", "layer_body.h", "ops_avx2.h", "ops_avx512.h", "ops_portable.h",
+)
+ISAS = ("avx512", "avx2", "portable")  # the kernel's variants, best first
+ISA_ENV = "AUGURY_ISA"
+
+
+def forced_isa() -> str | None:
+    """The path AUGURY_ISA forces (one of ISAS or "torch"), None when unset; a bad value is a one-line error."""
+    value = os.environ.get(ISA_ENV, "").strip().lower()
+    if not value or value == "auto":
+        return None
+    if value not in (*ISAS, "torch"):
+        raise AuguryError(f"{ISA_ENV}={value!r} is not a kernel path (choose from {', '.join((*ISAS, 'torch', 'auto'))})")
+    return value
 
 
 def _csrc() -> Path:
@@ -75,7 +96,8 @@ def _build() -> ModuleType:
     return cpp_extension.load(
         name=f"augury_gguf_{build_key()}",
         sources=[str(_csrc() / "gguf_matmul.cpp")],
-        extra_cflags=["-O3", "-fopenmp"],
+        # no contraction of a * b + c into one fma: the bodies' plain C++ loops then round alike on every ISA
+        extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"],
         extra_ldflags=["-fopenmp"],
         build_directory=str(folder),
         verbose=False,
@@ -85,10 +107,11 @@ def _build() -> ModuleType:
 @functools.cache
 def extension() -> ModuleType | None:
     """The compiled kernel module, or None (after one line on stderr saying why) where it cannot be built or run."""
+    if forced_isa() == "torch":
+        print(f"augury: {ISA_ENV}=torch: GGUF blocks run on the torch fallback, not the C++ kernel", file=sys.stderr)
+        return None
     try:
         module = _build()
-        if not module.available_isas():
-            raise RuntimeError("this CPU has neither AVX-512 VNNI nor AVX2")
     except Exception as exc:  # noqa: BLE001 - any build problem means: use the fallback
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())
         print(
@@ -98,3 +121,19 @@ def extension() -> ModuleType | None:
         )
         return None
     return module
+
+
+@functools.cache
+def kernel_isa() -> str:
+    """The kernel variant GGUF matmuls run here: AUGURY_ISA's if set, else the best this CPU runs ("torch"
+    where there is no extension). Forcing a variant this CPU cannot run is a one-line error."""
+    module = extension()
+    if module is None:
+        return "torch"
+    runs = list(module.available_isas())
+    forced = forced_isa()
+    if forced is None:
+        return runs[0]
+    if forced not in runs:
+        raise AuguryError(f"{ISA_ENV}={forced} cannot run on this CPU (it runs: {', '.join(runs)})")
+    return forced

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from augury.kernels import packing, reference
-from augury.kernels.extension import extension
+from augury.kernels.extension import extension, kernel_isa
 
 # Blocks of more tokens per sequence than this are prefill: their matmuls go through bf16 weights
 # dequantized tile by tile and torch's (oneDNN's) bf16 matmul, which is faster on long blocks where
@@ -76,6 +76,7 @@ class GgufWeight:
             raise ValueError(f"parts disagree on the input size: {sorted(sizes)}")
         (n_in,) = sizes
         self.kernel = extension() if kernel is True else (kernel or None)
+        self.isa = _isa_of(self.kernel)
         self.dtype = dtype
         self.shape = torch.Size([sum(raw.shape[0] for _, raw in parts), n_in])  # [out, in]
         self.parts = [self._part(kind, raw) for kind, raw in parts]
@@ -94,7 +95,7 @@ class GgufWeight:
         if kernel is None:
             raise RuntimeError("packed GGUF buffers need the kernel extension")
         new = cls.__new__(cls)
-        new.kernel, new.dtype = kernel, dtype
+        new.kernel, new.isa, new.dtype = kernel, _isa_of(kernel), dtype
         new.parts = [Part(kind, rows, data, packed=True) for kind, rows, data in parts]
         new.shape = torch.Size([sum(p.rows for p in new.parts), n_in])
         return new
@@ -102,7 +103,7 @@ class GgufWeight:
     @classmethod
     def _from_parts(cls, parts: list[Part], like: "GgufWeight") -> "GgufWeight":
         new = cls.__new__(cls)
-        new.kernel, new.dtype, new.parts = like.kernel, like.dtype, parts
+        new.kernel, new.isa, new.dtype, new.parts = like.kernel, like.isa, like.dtype, parts
         new.shape = torch.Size([sum(p.rows for p in parts), like.shape[1]])
         return new
 
@@ -136,6 +137,7 @@ class GgufWeight:
                 [packing.KIND_ID[p.kind] for p in self.parts],
                 [p.rows for p in self.parts],
                 bias,
+                self.isa,
             )
         else:
             out = fallback_matmul(flat, self.decoded())
@@ -145,7 +147,7 @@ class GgufWeight:
         return out.view(*x.shape[:-1], self.shape[0])
 
     def _dequantizer_runs(self) -> bool:
-        return self.kernel is not None and "avx512" in self.kernel.available_isas()
+        return self.isa == "avx512"
 
     def _prefill_runs(self, x: Tensor) -> bool:
         return x.dtype == torch.bfloat16 and self._dequantizer_runs()
@@ -206,6 +208,13 @@ class GgufWeight:
         if self.kernel is None:
             raise NotImplementedError("the torch fallback keeps raw blocks; slice its rows from the start")
         return Part(dec.kind, dec.q.shape[0], packing.pack(dec), packed=True)
+
+
+def _isa_of(kernel: ModuleType | None) -> str:
+    """The variant a weight's matmuls run: the machine's choice (`kernel_isa`) for the built extension."""
+    if kernel is None:
+        return "torch"
+    return kernel_isa() if kernel is extension() else kernel.available_isas()[0]
 
 
 def _slice_decoded(parts: list[reference.Decoded], rows: slice) -> list[reference.Decoded]:

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from augury.cache import CacheGroup, KVCache
 from augury.calibration import NO_PADDING, RowPadding, calibrate
+from augury.models.native_layers import NativeStack
 
 
 @dataclass(frozen=True)
@@ -248,10 +249,18 @@ class Decoder:
     """
 
     def __init__(
-        self, config: ModelConfig, weights: Weights, *, exact: bool = True, padding: RowPadding | None = None
+        self,
+        config: ModelConfig,
+        weights: Weights,
+        *,
+        exact: bool = True,
+        padding: RowPadding | None = None,
+        native: bool = True,
     ) -> None:
         """padding: the batch-invariant row padding measured for these weights on this machine
-        (the loader caches it); None measures it here when exact."""
+        (the loader caches it); None measures it here when exact. native: run blocks attended
+        row by row through the C++ layer where the weights allow (native_layers.py); False keeps
+        every block on the torch layer, the reference."""
         self.config = config
         self.weights = weights
         self.dtype = weights.embed.dtype
@@ -277,6 +286,7 @@ class Decoder:
         # row and layer is the fastest there, and lets a drafter batch
         # sequences whose caches are separate, see cache.CacheGroup).
         self.row_attention_limit = 64 if exact else 4
+        self.native = NativeStack.build(config, weights) if native else None
 
     def with_head_rows(self, rows: int) -> "Decoder":
         """The same decoder (shared weights and settings) projecting onto token ids [0, rows) only."""
@@ -396,6 +406,13 @@ class Decoder:
         x = F.embedding(tokens, w.embed)
         if c.embed_scale != 1.0:
             x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
+        if self.native is not None and t <= self.row_attention_limit:
+            x, native_taken = self.native.run(x, positions, cache, block_mask, hidden_layers)
+            cache.advance(t)
+            final = rms_norm(x, w.final_norm, c.rms_eps).to(self.dtype)
+            if not hidden_layers:
+                return final
+            return torch.cat([native_taken[i].to(self.dtype) for i in hidden_layers] + [final], dim=-1)
         total = max(cache.lengths) + t
         if t <= self.row_attention_limit:
             # Each real row attends alone to exactly the keys it sees: the same

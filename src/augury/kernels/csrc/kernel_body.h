@@ -141,6 +141,19 @@ static inline SubScales sub_scales(const uint8_t* sp, F d, F dmin, int s) {
   return sc;
 }
 
+// acc + the column sums of quant groups [g0, g0 + n) of a sub-block against the row's 4n values x
+// (exact integers). Where the product instruction only widens to 16 bits (AVX2), the variant sums
+// as many products in 16 bits as max_quant(KIND) allows without overflow before widening.
+template <int KIND>
+static inline I dots(I acc, const ops::W<KIND == Q8_0>& wq, int g0, int n, const int8_t* x) {
+  if constexpr (ops::kSums16) {
+    return ops::dots16<max_quant(KIND)>(acc, wq, g0, n, x);
+  } else {
+    for (int g = g0; g < g0 + n; ++g) acc = ops::dot(acc, wq, g, x + 4 * (g - g0));
+    return acc;
+  }
+}
+
 // One row's step of one sub-block: acc += the sub-block's products, as in the header.
 template <int KIND>
 static inline F row_step(const ops::W<KIND == Q8_0>& wq, const SubScales& sc, const Rows& a, const int32_t* off,
@@ -150,16 +163,14 @@ static inline F row_step(const ops::W<KIND == Q8_0>& wq, const SubScales& sc, co
   if constexpr (KIND == Q6_K) {
     I i0 = ops::bcast_i32(a.off32h + 2 * ib);
     I i1 = ops::bcast_i32(a.off32h + 2 * ib + 1);
-    for (int g = 0; g < 4; ++g) {
-      i0 = ops::dot(i0, wq, g, x + 4 * g);
-      i1 = ops::dot(i1, wq, g + 4, x + 16 + 4 * g);
-    }
+    i0 = dots<KIND>(i0, wq, 0, 4, x);
+    i1 = dots<KIND>(i1, wq, 4, 4, x + 16);
     const F t = ops::fma(ops::cvt(i1), sc.sb, ops::mul(ops::cvt(i0), sc.sa));
     return ops::fma(t, ops::bcast_f(a.dx[ib]), acc);
   } else {
     constexpr bool kMin = KIND == Q4_1 || KIND == Q5_1 || KIND == Q4_K || KIND == Q5_K;
     I i0 = has_off ? ops::bcast_i32(off + ib) : ops::zero_i();
-    for (int g = 0; g < 8; ++g) i0 = ops::dot(i0, wq, g, x + 4 * g);
+    i0 = dots<KIND>(i0, wq, 0, 8, x);
     const F t = ops::mul(ops::cvt(i0), ops::bcast_f(a.dx[ib]));
     F f = ops::fma(t, sc.sa, acc);
     if constexpr (KIND == Q4_K || KIND == Q5_K) f = ops::fnma(sc.mn, ops::bcast_f(a.xsum[ib]), f);
@@ -224,19 +235,19 @@ static void tile_rows_held(const uint8_t* tile, int64_t groups, const Rows& a, i
 // instruction set has the registers for them (each run unpacks the tile again, from L1).
 template <int KIND>
 static void tile_rows_any(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, int64_t nr, float* acc) {
-  if constexpr (ops::kHeldRows >= 8) {
+  if constexpr (ops::kHeldRows > 0) {
     for (int64_t r = 0; r < nr;) {
-      const int64_t n = std::min<int64_t>(8, nr - r);
+      const int64_t n = std::min<int64_t>(ops::kHeldRows, nr - r);
       float* out = acc + 16 * r;
       switch (n) {
         case 1: tile_rows_held<KIND, 1>(tile, groups, a, r0 + r, out); break;
-        case 2: tile_rows_held<KIND, 2>(tile, groups, a, r0 + r, out); break;
-        case 3: tile_rows_held<KIND, 3>(tile, groups, a, r0 + r, out); break;
-        case 4: tile_rows_held<KIND, 4>(tile, groups, a, r0 + r, out); break;
-        case 5: tile_rows_held<KIND, 5>(tile, groups, a, r0 + r, out); break;
-        case 6: tile_rows_held<KIND, 6>(tile, groups, a, r0 + r, out); break;
-        case 7: tile_rows_held<KIND, 7>(tile, groups, a, r0 + r, out); break;
-        default: tile_rows_held<KIND, 8>(tile, groups, a, r0 + r, out); break;
+        case 2: tile_rows_held<KIND, std::min(2, ops::kHeldRows)>(tile, groups, a, r0 + r, out); break;
+        case 3: tile_rows_held<KIND, std::min(3, ops::kHeldRows)>(tile, groups, a, r0 + r, out); break;
+        case 4: tile_rows_held<KIND, std::min(4, ops::kHeldRows)>(tile, groups, a, r0 + r, out); break;
+        case 5: tile_rows_held<KIND, std::min(5, ops::kHeldRows)>(tile, groups, a, r0 + r, out); break;
+        case 6: tile_rows_held<KIND, std::min(6, ops::kHeldRows)>(tile, groups, a, r0 + r, out); break;
+        case 7: tile_rows_held<KIND, std::min(7, ops::kHeldRows)>(tile, groups, a, r0 + r, out); break;
+        default: tile_rows_held<KIND, std::min(8, ops::kHeldRows)>(tile, groups, a, r0 + r, out); break;
       }
       r += n;
     }

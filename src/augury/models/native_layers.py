@@ -1,0 +1,155 @@
+"""The decoder's layers as one C++ call each, for blocks attended row by row (decode, verification, batches).
+
+Why: on the GGUF path a decode step's weight stream is a single kernel call per
+matmul, but the rest of each layer (norms, RoPE, the cache write, one attention
+call per row, activations, residuals) was ~50 small torch ops, about 40% of a
+1.5B step on 2 cores. `NativeLayer` (kernels/csrc/layer_body.h) does a whole
+layer in one call, in fp32 activations, with the GIL released.
+
+The torch layer in decoder.py stays the reference and the fallback: blocks past
+the row-attention limit (prompts), weights that are not all GGUF blocks on the
+kernel, and `Decoder(native=False)` take it. The native layer is batch invariant
+by construction (rows never mix; each row attends to its own key set in slot
+order), so block rows are bitwise single-step rows without any padding; its
+results differ from the torch layer's only by rounding (fp32 activations where
+the torch path rounds to bf16 between ops), bounded in tests/test_native_layer.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from augury.kernels import packing
+
+if TYPE_CHECKING:
+    from augury.cache import CacheGroup, KVCache
+    from augury.models.decoder import ModelConfig, Weights
+
+_EMPTY = torch.zeros(0, dtype=torch.long)
+
+
+def _matrix(weight) -> tuple[list[Tensor], list[int], list[int]]:
+    return [p.data for p in weight.parts], [packing.KIND_ID[p.kind] for p in weight.parts], [p.rows for p in weight.parts]
+
+
+def _f32(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.detach().float().contiguous()
+
+
+class NativeStack:
+    """Every layer of one decoder as a `NativeLayer`, and the row tables a block needs."""
+
+    def __init__(self, config: "ModelConfig", weights: "Weights", kernel, isa: str) -> None:
+        self.config = config
+        c = config
+        scale = c.query_scale if c.query_scale is not None else c.head_dim**-0.5
+        self.layers = [
+            kernel.NativeLayer(
+                attn_norm=_f32(layer.attn_norm), mlp_norm=_f32(layer.mlp_norm),
+                qkv=_matrix(layer.wqkv), wo=_matrix(layer.wo), gate_up=_matrix(layer.w_gate_up),
+                down=_matrix(layer.w_down), bqkv=_f32(layer.bqkv), q_norm=_f32(layer.q_norm),
+                k_norm=_f32(layer.k_norm), post_attn_norm=_f32(layer.post_attn_norm),
+                post_mlp_norm=_f32(layer.post_mlp_norm), n_heads=c.num_heads, n_kv=c.num_kv_heads,
+                head_dim=c.head_dim, eps=c.rms_eps, scale=scale, gelu=c.activation == "gelu_tanh", isa=isa,
+            )
+            for layer in weights.layers
+        ]
+        self.isa = isa
+        from augury.models.decoder import RopeTable  # the decoder module imports this one
+
+        # fp32 tables: the native layer computes in fp32 (the torch path's are in the model dtype)
+        self.rope_global = RopeTable(c.head_dim, c.rope_theta, torch.float32, torch.device("cpu"))
+        self.rope_local = (
+            RopeTable(c.head_dim, c.rope_theta_local, torch.float32, torch.device("cpu"))
+            if c.rope_theta_local is not None
+            else self.rope_global
+        )
+
+    @classmethod
+    def build(cls, config: "ModelConfig", weights: "Weights") -> "NativeStack | None":
+        """The native stack where every layer's matmul weight is GGUF blocks on the built kernel, else None."""
+        from augury.kernels.weight import GgufWeight
+
+        names = ("wqkv", "wo", "w_gate_up", "w_down")
+        mats = [getattr(layer, name) for layer in weights.layers for name in names]
+        if not mats or not all(isinstance(m, GgufWeight) and m.kernel is not None for m in mats):
+            return None
+        if config.activation not in ("silu", "gelu_tanh") or weights.embed.device.type != "cpu":
+            return None
+        if not all(p.packed for m in mats for p in m.parts):
+            return None
+        kernel = mats[0].kernel
+        if not hasattr(kernel, "NativeLayer"):
+            return None
+        return cls(config, weights, kernel, mats[0].isa)
+
+    def run(
+        self,
+        x: Tensor,
+        positions: Tensor,
+        cache: "KVCache | CacheGroup",
+        block_mask: Tensor | None,
+        hidden_layers: tuple[int, ...] = (),
+    ) -> tuple[Tensor, dict[int, Tensor]]:
+        """x: [B, T, hidden] embedded block -> (residual stream [B, T, hidden] fp32, {layer: its output}).
+
+        Writes every layer's K/V for the block; the caller advances the cache.
+        """
+        c = self.config
+        batch, t = positions.shape
+        lengths = cache.lengths
+        flat = x.reshape(batch * t, c.hidden_size).float().contiguous()
+        if flat.data_ptr() == x.data_ptr():
+            flat = flat.clone()  # updated in place: never the caller's tensor
+        row_seq = torch.arange(batch).repeat_interleave(t)
+        row_slot = (torch.tensor(lengths).unsqueeze(1) + torch.arange(t)).reshape(-1)
+        tables_global = self._key_tables(lengths, positions, block_mask, None)
+        tables_local = (
+            self._key_tables(lengths, positions, block_mask, c.sliding_window) if c.sliding_window else tables_global
+        )
+        rope_global = self._rope(self.rope_global, positions)
+        rope_local = self._rope(self.rope_local, positions) if self.rope_local is not self.rope_global else rope_global
+        taken: dict[int, Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            sliding = c.is_sliding(i)
+            keys, values = cache.sequence_kv(i)
+            cos, sin = rope_local if sliding else rope_global
+            layer.forward(flat, keys, values, row_seq, row_slot, *(tables_local if sliding else tables_global), cos, sin)
+            if i in hidden_layers:
+                taken[i] = flat.view(batch, t, -1).clone()
+        return flat.view(batch, t, c.hidden_size), taken
+
+    @staticmethod
+    def _rope(table, positions: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = table.lookup(positions)  # [B, 1, T, D]
+        return cos.reshape(-1, cos.shape[-1]).contiguous(), sin.reshape(-1, sin.shape[-1]).contiguous()
+
+    @staticmethod
+    def _key_tables(
+        lengths: list[int], positions: Tensor, block_mask: Tensor | None, window: int | None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(key_lo, key_hi, extra_off, extra_slots): row r attends to slots [lo, hi), then its extra slots.
+
+        A chain row sees a contiguous range (its prefix and the block up to
+        itself, cut by the sliding window); a tree row's slots come whole from
+        `row_key_sets` as extra slots.
+        """
+        batch, t = positions.shape
+        start = torch.tensor(lengths).unsqueeze(1)
+        if block_mask is None:
+            hi = start + torch.arange(t) + 1  # [B, T]
+            lo = torch.zeros_like(hi) if window is None else (positions + 1 - window).clamp(min=0).minimum(hi - 1)
+            off = torch.zeros(batch * t + 1, dtype=torch.long)
+            return lo.reshape(-1).contiguous(), hi.reshape(-1).contiguous(), off, _EMPTY
+        from augury.models.decoder import row_key_sets
+
+        slots = [torch.as_tensor(keys_at).reshape(-1) if isinstance(keys_at, Tensor) else torch.arange(
+            keys_at.start, keys_at.stop) for _, _, keys_at in row_key_sets(lengths, positions, block_mask, window=window)]
+        counts = torch.tensor([len(s) for s in slots])
+        off = F.pad(counts.cumsum(0), (1, 0))
+        zeros = torch.zeros(batch * t, dtype=torch.long)
+        return zeros, zeros.clone(), off.contiguous(), torch.cat(slots).long().contiguous()
