@@ -247,14 +247,21 @@ def test_weights_gguf_on_a_safetensors_folder_is_one_clear_error(tmp_path, monke
         _load(folder, tmp_path / "home", monkeypatch, weights="int3")
 
 
-def test_default_weights_are_native_for_bf16_gguf_only(tmp_path, monkeypatch):
+def test_default_weights_are_native_for_bf16_and_fp32_gguf(tmp_path, monkeypatch, capfd):
+    """--dtype names the activations' type: bf16 and fp32 keep the file's blocks; fp16 dequantizes, in one line."""
     path = write_gguf(tmp_path / "tiny.gguf")
     default = _load(path, tmp_path / "home", monkeypatch)
     assert isinstance(default.decoder.weights.layers[0].wqkv, GgufWeight)
     fp32 = _load(path, tmp_path / "home", monkeypatch, dtype="fp32")
-    assert isinstance(fp32.decoder.weights.layers[0].wqkv, torch.Tensor)
+    assert isinstance(fp32.decoder.weights.layers[0].wqkv, GgufWeight) and fp32.decoder.dtype == torch.float32
+    assert fp32.decoder.native is not None
     bf16 = _load(path, tmp_path / "home", monkeypatch, weights="bf16")
     assert not isinstance(bf16.decoder.weights.layers[0].wqkv, GgufWeight)
+    capfd.readouterr()
+    fp16 = _load(path, tmp_path / "home", monkeypatch, dtype="fp16")
+    assert isinstance(fp16.decoder.weights.layers[0].wqkv, torch.Tensor)
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("augury:")]
+    assert len(lines) == 1 and "fp16 has no native GGUF path" in lines[0], lines
 
 
 def test_uncovered_block_type_falls_back_per_tensor_with_one_line(tmp_path, monkeypatch, capfd):

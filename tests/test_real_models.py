@@ -30,7 +30,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def draft_fp32():
-    return load_model(DRAFT, dtype="fp32")
+    return load_model(DRAFT, dtype="fp32", weights="bf16")  # dequantized fp32
 
 
 @pytest.fixture(scope="class")
@@ -73,7 +73,7 @@ def test_real_small_models_match_transformers(name):
     """llama (q/k un-permuted from llama.cpp's layout) and gemma3 (norms, sliding window) on real files."""
     from transformers import AutoModelForCausalLM
 
-    ours = load_model(name, dtype="fp32")
+    ours = load_model(name, dtype="fp32", weights="bf16")  # dequantized, as transformers reads the file
     path = resolve(name)
     ref_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     text = "The quick brown fox jumps over the lazy dog. " * 3
@@ -87,7 +87,7 @@ def test_real_small_models_match_transformers(name):
 
 @pytest.fixture(scope="module")
 def pair_fp32(draft_fp32):
-    return load_model(TARGET, dtype="fp32"), draft_fp32
+    return load_model(TARGET, dtype="fp32", weights="bf16"), draft_fp32
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])

@@ -202,9 +202,10 @@ WEIGHT_FORMATS = ("gguf", "bf16")
 def resolve_weights(weights: str | None, source: Path, dtype: torch.dtype, device: torch.device) -> str:
     """Which weight path a load takes: "gguf" (the file's own blocks, `GgufWeight`) or "bf16" (dequantized).
 
-    Unset, a .gguf file on CPU in bf16 takes "gguf" where the kernel builds
-    and runs here, everything else "bf16" (the dequantized path in `dtype`,
-    the name kept for the CLI flag). Asked for, "gguf" needs a .gguf file and
+    Unset, a .gguf file on CPU in bf16 or fp32 (the activations' type: the
+    blocks stay the file's) takes "gguf" where the kernel builds and runs
+    here, everything else "bf16" (the dequantized path in `dtype`, the name
+    kept for the CLI flag; a GGUF dequantized for its dtype says so in one line). Asked for, "gguf" needs a .gguf file and
     the CPU; without the kernel it runs on the (slow) torch fallback.
     """
     if weights is not None and weights not in WEIGHT_FORMATS:
@@ -216,7 +217,12 @@ def resolve_weights(weights: str | None, source: Path, dtype: torch.dtype, devic
         if device.type != "cpu":
             raise AuguryError(f"weights 'gguf' runs on the CPU only, not on {device}")
         return "gguf"
-    if weights == "bf16" or not is_gguf or device.type != "cpu" or dtype != torch.bfloat16:
+    if weights == "bf16" or not is_gguf or device.type != "cpu":
+        return "bf16"
+    if dtype not in (torch.bfloat16, torch.float32):
+        name = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
+        print(f"augury: {source.name} in {name} has no native GGUF path: its weights are dequantized to {name} "
+              "(--dtype bf16 or fp32 keeps the file's blocks)", file=sys.stderr)
         return "bf16"
     from augury.kernels.extension import extension
 
@@ -342,7 +348,7 @@ def load_model(
     (decode steps about 1.7x faster on the development CPU; see `OneDnnWeight`).
     weights: "gguf" multiplies a GGUF file's own blocks (augury.kernels; about
     the file's size in memory), "bf16" dequantizes them to `dtype`; unset picks
-    "gguf" for a .gguf file on CPU in bf16 where the kernel runs (`resolve_weights`).
+    "gguf" for a .gguf file on CPU in bf16 or fp32 where the kernel runs (`resolve_weights`).
     """
     from augury.models.store import augury_home, resolve
 
