@@ -120,7 +120,7 @@ def test_profile_command_prints_and_saves_the_curve_with_llama_bench_beside_it(
 ):
     import augury.bench.forward
 
-    monkeypatch.setattr(augury.bench.forward, "read_bandwidth_gbs", lambda: {"copy": 10.0})  # not 1 GiB in a test
+    monkeypatch.setattr(augury.bench.forward, "read_bandwidth_gbs", lambda **_: {"copy": 10.0})  # not 1 GiB in a test
     llama = write_fake_llama_cpp(tmp_path / "bin")
     assert _profile(tiny_gguf, "--peers", "llamacpp", "--llama-cpp", str(llama)) == 0
     out = capsys.readouterr().out
@@ -153,7 +153,7 @@ def test_profile_two_weight_formats_side_by_side(tmp_path, home, capsys, monkeyp
     from tests.test_loading import write_llama_gguf
     from tests.tiny import hf_model
 
-    monkeypatch.setattr(augury.bench.forward, "read_bandwidth_gbs", lambda: {"copy": 10.0})
+    monkeypatch.setattr(augury.bench.forward, "read_bandwidth_gbs", lambda **_: {"copy": 10.0})
     path = write_llama_gguf(tmp_path / "q8.gguf", hf_model("llama"), quant=gguf.GGMLQuantizationType.Q8_0)
     assert main(["profile", "--model", str(path), "--context", "8", "--decode-tokens", "3", "--rows", "1,2,5",
                  "--weights", "gguf,bf16"]) == 0

@@ -45,6 +45,8 @@ class ProfileReport:
     bandwidth_by_method: dict[str, float]  # GB/s
     profiles: list[ForwardProfile]
     llama_cpp_ms: dict[int, float] | None = None  # llama-bench pp T at the same depth: ms per forward
+    bandwidth_spread: dict[str, tuple[float, float, float]] | None = None  # (min, median, max) GB/s by method
+    kernel_path: str | None = None  # which instruction set's kernel and layer ran (AUGURY_ISA or the best here)
 
     @property
     def bandwidth_gbs(self) -> float:
@@ -54,6 +56,11 @@ class ProfileReport:
         gbs = self.bandwidth_gbs
         methods = ", ".join(f"{name} {value:.1f}" for name, value in self.bandwidth_by_method.items())
         lines = [f"measured read bandwidth {gbs:.1f} GB/s (best of: {methods})"]
+        if self.bandwidth_spread:
+            lines.append("spread (min / median / max GB/s): " + "; ".join(
+                f"{name} {lo:.1f} / {mid:.1f} / {hi:.1f}" for name, (lo, mid, hi) in self.bandwidth_spread.items()))
+        if self.kernel_path:
+            lines.append(f"kernel path: {self.kernel_path}")
         lines += [f"{p.label}: weights read per step {p.weight_bytes / 1e9:.2f} GB; floor {p.floor_ms(gbs):.1f} ms "
                   "per step" for p in self.profiles]
         context = self.profiles[0].context
@@ -93,36 +100,67 @@ def _cells(ms: float | None, one: float | None) -> list[str]:
     return [f"{ms:.1f}", f"{ms / one:.2f}" if one else "—"]
 
 
-def read_bandwidth_gbs(size_bytes: int = 1 << 30, repeats: int = 5) -> dict[str, float]:
+def read_bandwidth_gbs(
+    size_bytes: int = 1 << 30, repeats: int = 9, spread: dict[str, tuple[float, float, float]] | None = None
+) -> dict[str, float]:
     """Best-of-N streaming read bandwidth (GB/s) over a buffer far larger than any cache, by method.
 
-    No one kernel reads at the machine's peak, so three are timed and the floor
-    uses the fastest: an fp32 sum, a copy (which moves every byte twice), and
-    where oneDNN packing runs a one-row bf16 matmul against a 1 GiB weight (the
-    very kind of read a decode step does; on the development machine it
-    streamed about 1.5x faster than the sum).
+    No one kernel reads at the machine's peak, so several are timed and the
+    floor uses the fastest: an fp32 sum, a copy (which moves every byte twice),
+    where oneDNN packing runs a one-row bf16 matmul against a 1 GiB weight, and
+    where the GGUF kernel runs a one-row Q4_K matmul over 1 GiB of blocks (the
+    very reads a decode step does). Each runs on all of torch's threads, and
+    `repeats` times: on a shared machine one reading can be far off (two runs
+    of an earlier 5-repeat version gave 22.3 and 36 GB/s on one machine), so
+    `spread`, when given, receives each method's (min, median, max).
     """
 
-    def best_seconds(fn) -> float:
-        best = float("inf")
+    def samples(fn, nbytes: int) -> list[float]:
+        fn()  # first touch
+        out = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             fn()
-            best = min(best, time.perf_counter() - t0)
-        return best
+            out.append(nbytes / (time.perf_counter() - t0) / 1e9)
+        return out
 
+    readings: dict[str, list[float]] = {}
     # ones, not empty: untouched pages all map to one zero page and read from cache
     buf = torch.ones(size_bytes // 4, dtype=torch.float32)
-    out = {"fp32 sum": size_bytes / best_seconds(buf.sum) / 1e9}
+    readings["fp32 sum"] = samples(buf.sum, size_bytes)
     dst = torch.empty_like(buf)
-    out["copy"] = 2 * size_bytes / best_seconds(lambda: dst.copy_(buf)) / 1e9
+    readings["copy"] = samples(lambda: dst.copy_(buf), 2 * size_bytes)
     del dst
     if onednn_packing_available(torch.bfloat16, torch.device("cpu")):
         weight = OneDnnWeight(buf.view(torch.bfloat16).view(-1, 4096))
-        del buf
         x = torch.ones(1, 4096, dtype=torch.bfloat16)
-        out["1-row bf16 matmul"] = size_bytes / best_seconds(lambda: weight.linear(x, None)) / 1e9
-    return out
+        readings["1-row bf16 matmul"] = samples(lambda: weight.linear(x, None), size_bytes)
+        del weight
+    del buf
+    kernel_read = _kernel_reader(size_bytes)
+    if kernel_read is not None:
+        readings["1-row GGUF kernel"] = samples(kernel_read, size_bytes)
+    if spread is not None:
+        spread.update({k: (min(v), statistics.median(v), max(v)) for k, v in readings.items()})
+    return {k: max(v) for k, v in readings.items()}
+
+
+def _kernel_reader(size_bytes: int):
+    """A callable streaming about `size_bytes` of Q4_K blocks through the GGUF kernel for one row, or None."""
+    from augury.kernels import packing
+    from augury.kernels.extension import extension, kernel_isa
+
+    module = extension()
+    if module is None:
+        return None
+    n_in = 4096
+    lay = packing.LAYOUTS["Q4_K"]
+    tile_bytes = n_in // lay.group_k * lay.group_bytes
+    rows = size_bytes // tile_bytes * packing.TILE
+    data = torch.zeros(rows // packing.TILE * tile_bytes, dtype=torch.uint8)  # zero quants and scales: any bytes do
+    x = torch.ones(1, n_in)
+    isa = kernel_isa()
+    return lambda: module.linear(x, [data], [packing.KIND_ID["Q4_K"]], [rows], None, isa)
 
 
 def weight_bytes_per_step(model: Model) -> int:

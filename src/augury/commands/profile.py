@@ -81,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
         bench_binary = llama_cpp_binary(args.llama_cpp, "llama-bench")
         gguf = gguf_file(resolve(args.model, offline=args.offline), "target")
 
-    bandwidth = read_bandwidth_gbs()
+    spread: dict[str, tuple[float, float, float]] = {}
+    bandwidth = read_bandwidth_gbs(spread=spread)
+    paths = []
     profiles = []
     for fmt in formats:
         model = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline, exact=args.exact,
@@ -98,11 +100,28 @@ def run(args: argparse.Namespace) -> int:
                                floor_ms=result.floor_ms(max(bandwidth.values())))
         print(f"augury: the {label} cost curve is saved in {path}", file=sys.stderr)
         profiles.append(result)
+        paths.append(f"{label}: {kernel_path(model)}")
         del model  # one model in memory at a time
         gc.collect()
     llama_ms = None
     if bench_binary is not None:
         llama_ms = llama_bench_ms(bench_binary, gguf, rows, depth=args.context, threads=torch.get_num_threads())
     print(f"model {args.model} ({args.dtype}, exact={args.exact}, {torch.get_num_threads()} threads)")
-    print(ProfileReport(bandwidth, profiles, llama_ms).markdown())
+    print(ProfileReport(bandwidth, profiles, llama_ms, spread, "; ".join(paths)).markdown())
     return 0
+
+
+def kernel_path(model) -> str:
+    """Which code runs a model's decode steps: the kernel's instruction set, and whether the C++ layer runs."""
+    import os
+
+    from augury.kernels.extension import ISA_ENV, extension, kernel_isa
+    from augury.kernels.weight import GgufWeight
+
+    if not any(isinstance(getattr(layer, "wqkv", None), GgufWeight) for layer in model.decoder.weights.layers):
+        return "no GGUF blocks (torch matmuls)"
+    forced = os.environ.get(ISA_ENV)
+    runs = extension().available_isas() if extension() is not None else []
+    layer = "C++ layer" if model.decoder.native is not None else "torch layer"
+    return (f"{kernel_isa()} kernel, {layer} ({ISA_ENV}={forced} forced it" if forced else
+            f"{kernel_isa()} kernel, {layer} (the best of: {', '.join(runs) or 'none'}") + ")"
