@@ -301,3 +301,24 @@ def test_without_the_kernel_the_torch_fallback_runs_and_says_so(tmp_path, monkey
         ext_module.extension.cache_clear()
     scale = float(with_kernel.abs().max())
     assert float((fallback - with_kernel).abs().max()) < 0.02 * scale, "the fallback computes the kernel's numbers"
+
+
+def test_a_gguf_model_drafter_keeps_its_blocks_by_default(native_target):
+    """--draft-quant auto: a GGUF drafter runs on its own blocks (kernel and C++ layer); gguf on a drafter
+    without blocks is one clear error; the drafter's greedy speculation still equals plain decoding."""
+    from augury.engine import Engine
+    from augury.proposers import build_proposer
+    from augury.sampling import SamplingParams
+
+    path = native_target.source
+    proposer = build_proposer("model", native_target, draft=str(path))
+    drafter = proposer.decoder
+    assert drafter.native is not None and isinstance(drafter.weights.layers[0].wqkv, GgufWeight)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    plain = Engine(native_target).generate(PROMPT, params)
+    spec = Engine(native_target, proposer, k=4).generate(PROMPT, params)
+    assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
+    as_int4 = build_proposer("model", native_target, draft=str(path), draft_quant="int4")
+    assert not isinstance(as_int4.decoder.weights.layers[0].wqkv, GgufWeight)
+    with pytest.raises(AuguryError, match="--draft-quant gguf needs a GGUF drafter"):  # fp16: dequantized
+        build_proposer("model", native_target, draft=str(path), draft_quant="gguf", dtype="fp16")

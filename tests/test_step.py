@@ -349,6 +349,44 @@ def test_the_planner_starts_from_the_measured_cost_curve():
     assert plan_step(flat.costs, odds, [10], [None], 4, choices=(0, 4)) == [4]
 
 
+@pytest.mark.parametrize("driver", ["engine", "scheduler"])
+def test_the_planner_drafts_only_where_the_cost_curve_lets_drafting_pay(driver, target, monkeypatch):
+    """Synthetic curves, a drafter that is always right (the target drafting for itself): where each
+    drafted token costs two plain steps the plan settles on K = 0, where verification is free on K = 4."""
+    import augury.scheduler
+    from augury.proposers.draft_model import DraftModelProposer
+
+    steep = {1: 30.0, 2: 90.0, 3: 150.0, 4: 210.0, 5: 270.0}
+    flat = {1: 30.0, 2: 30.1, 3: 30.2, 4: 30.3, 5: 30.4}
+
+    def curve_only(planner) -> None:
+        """The plan rests on the synthetic curve alone, not on this machine's timings of a tiny model."""
+        planner.costs.observe_target = lambda *args: None
+
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    prompts = [[1, 2, 3, 4, 5, 6], [9, 8, 7, 6]]
+    for curve, want in ((steep, 0), (flat, 4)):
+        proposer = DraftModelProposer(target, VOCAB)
+        if driver == "engine":
+            engine = Engine(target, proposer, k=4, adaptive=True, curve=curve)
+            curve_only(engine.planner)
+            result = engine.generate(prompts[0], params)
+            note = engine.last_plan
+            assert note.settled_k == want, f"{note.line()}"
+            assert note.k_counts[want] > sum(note.k_counts) / 2, f"most steps should run K={want}: {note.line()}"
+            assert (note.expected_gain > 1.5) == (want > 0), note.line()
+            assert result.token_ids == Engine(target).generate(prompts[0], params).token_ids
+        else:
+            monkeypatch.setattr(augury.scheduler, "_cost_curve", lambda model, c=curve: c)
+            scheduler = Scheduler(target, proposer, SchedulerConfig(max_batch=2, k=4))
+            curve_only(scheduler.planner)
+            planned, plan = [], scheduler.planner.plan
+            scheduler.planner.plan = lambda requests: planned.append(plan(requests)) or planned[-1]
+            run_scheduler(scheduler, [(p, params) for p in prompts])
+            both = [ks for ks in planned[5:] if len(ks) == 2]  # after the warm-up, while both run
+            assert both and sum(max(ks) == want for ks in both) > len(both) / 2, f"K={want} expected: {both}"
+
+
 def test_head_methods_take_their_head_file_as_an_option(tmp_path):
     """--head is an option of the head methods (and refused elsewhere); a missing file is one clear error."""
     target = tiny_model(vocab=VOCAB, seed=3, hidden=32, layers=3)

@@ -28,12 +28,21 @@ Prompt = str | list[dict]  # raw text, or chat messages [{"role": ..., "content"
 class LLM:
     """A target model and its drafter (None: plain decoding), ready to generate."""
 
-    def __init__(self, target: Model, proposer: Proposer | None, *, k: int = 4, method: str = "plain") -> None:
+    def __init__(
+        self, target: Model, proposer: Proposer | None, *, k: int = 4, method: str = "plain", adaptive: bool = True
+    ) -> None:
+        """k: the longest draft; adaptive: the planner picks K (or a plain step) per step from measured
+        costs and acceptance, as the server does; False drafts k every step."""
         self.target = target
         self.proposer = proposer
         self.k = check_k(k) if proposer is not None else 0
         self.method = method
-        self._engine = Engine(target, proposer, k=k if proposer is not None else 1)
+        self._engine = Engine(target, proposer, k=k if proposer is not None else 1, adaptive=adaptive)
+
+    @property
+    def last_plan(self):
+        """The planner's note on the last request (`engine.PlanNote`), None without a planner."""
+        return self._engine.last_plan
 
     @property
     def tokenizer(self):
@@ -80,6 +89,7 @@ def load(
     offline: bool = False,
     exact: bool = True,
     weights: str | None = None,
+    adaptive: bool = True,
     **options: object,
 ) -> LLM:
     """Load a target (a known name, a .gguf file, a Hugging Face folder, or a loaded Model) and its drafter.
@@ -88,11 +98,12 @@ def load(
     quantized; weights: "gguf" (a GGUF file's own low-bit blocks, the default
     on CPUs where the kernel runs) or "bf16" (dequantized); options: that method's own options (see
     `augury.proposers.options`), e.g. draft="qwen2.5-coder-0.5b-instruct" or
-    ngram_max=3. An option the method does not read is an AuguryError.
+    ngram_max=3. An option the method does not read is an AuguryError. adaptive: K per step from
+    measured costs (see `LLM`).
     """
     check_options(draft_method, options)  # a mistyped option fails before gigabytes load
     model = target if isinstance(target, Model) else load_model(
         target, dtype=dtype, device=device, offline=offline, exact=exact, weights=weights
     )
     proposer = build_proposer(draft_method, model, options, dtype=dtype, device=device, offline=offline)
-    return LLM(model, proposer, k=k, method=draft_method)
+    return LLM(model, proposer, k=k, method=draft_method, adaptive=adaptive)

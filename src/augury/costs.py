@@ -82,3 +82,36 @@ def load_cost_curve(model: Model) -> dict[int, float] | None:
     if any(model.decoder.pad_rows(rows) != n for rows, n in padded.items()):
         return None
     return curve
+
+
+QUICK_CONTEXT = 128  # cached tokens before the block in the quick measurement
+QUICK_REPEATS = 3
+
+
+def cost_curve_for(model: Model, k_max: int) -> dict[int, float]:
+    """The target's cost curve for blocks of 1..k_max + 1 tokens: `augury profile`'s where it measured
+    this model on this machine, else a quick one measured now (a second or two for a 1.5B model) and
+    saved beside the model's converted weights, so the next load finds it.
+
+    A planner without any curve would learn the costs from its own first
+    steps, but those include first-touch and warm-up time; a measured curve
+    lets the first plan already be right.
+    """
+    try:
+        curve = load_cost_curve(model)
+    except (OSError, ValueError):
+        curve = None
+    wanted = range(1, k_max + 2)
+    if curve is not None and all(rows in curve for rows in wanted):
+        return curve
+    from augury.bench.forward import forward_curve, weight_bytes_per_step
+
+    context = min(QUICK_CONTEXT, model.config.context_length - k_max - 16)
+    measured = forward_curve(model, max(context, 1), list(wanted), repeats=QUICK_REPEATS)
+    source = model.source
+    if source.is_file() or (source / "config.json").exists():  # a real model, not a test's in-memory one
+        try:
+            save_cost_curve(model, measured, context=context, weight_bytes=weight_bytes_per_step(model), floor_ms=0.0)
+        except OSError:
+            pass  # a read-only home: measured again next time
+    return measured

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from augury.sampling import SamplingParams
-from augury.step import Request
+from augury.step import DraftRound, Request, StepReport
 
 
 def load_dependent(params: SamplingParams) -> bool:
@@ -324,6 +324,38 @@ class Planner:
         self.probe_timer = ProbeTimer(probe_every)
 
     # -- what the steps measured ------------------------------------------------------------
+
+    def observe_draft(self, requests: list[Request], ks: list[int], measured: DraftRound) -> None:
+        """What one `draft` call over `requests` (asked for `ks`) delivered and cost."""
+        for request, k in zip(requests, ks):
+            self.record_draft(min(k, request.draft_cap()), len(request.draft))
+        if measured.started_tokens:
+            self.costs.observe_catch_up(measured.started_tokens, measured.start_s)
+        if measured.rounds and measured.in_step:
+            self.costs.observe_draft(measured.rows, measured.rounds, measured.seconds)
+
+    def observe_step(self, report: StepReport) -> None:
+        """What one `step` verified, and what its target forward cost."""
+        for result in report.results:
+            if result is not None:
+                self.record_verified(result.num_drafted, result.num_accepted)
+        self.costs.observe_target(len(report.results), report.width, report.seconds)
+
+    def expected_gain(self, requests: list[Request], k: int | None = None) -> float:
+        """Predicted tokens per second drafting k (default the current plan's) over plain decoding's, from the
+        cost model and the measured acceptance."""
+        if not requests or self.k_max == 0:
+            return 1.0
+        odds = [self.tally.odds().scaled(self._alpha(r) / max(self.alpha, 1e-3)) for r in requests]
+        k = self.planned_k if k is None else k
+        rows = len(requests)
+
+        def rate(kr: int) -> float:
+            tokens = sum(o.tokens(kr) for o in odds)
+            draft_s = sum(o.drafted(kr) for o in odds) * self.costs.draft_round_time(1) if kr else 0.0
+            return tokens / max(self.costs.target_time(rows, 1 + kr) + draft_s, 1e-9)
+
+        return rate(k) / rate(0)
 
     def record_draft(self, allowed: int, drafted: int) -> None:
         self.tally.record_draft(allowed, drafted)

@@ -356,11 +356,10 @@ class Scheduler:
                 finished.append((ticket, Failed("internal", "internal error while verifying")))
                 continue
             self.stats.decode.record_step(result.num_drafted, result.num_accepted)
-            self.planner.record_verified(result.num_drafted, result.num_accepted)
             self._emit_deltas(ticket, report.deltas[b])
             if ticket.request.done:
                 finished.append((ticket, None))
-        self.planner.costs.observe_target(len(running), report.width, report.seconds)
+        self.planner.observe_step(report)
         self.stats.steps += 1
         self.stats.draft_s += draft_s
         self.stats.verify_s += report.seconds
@@ -394,12 +393,7 @@ class Scheduler:
                 for ticket in tickets:
                     self._release(ticket, Failed("internal", "internal error while drafting"))
                 continue
-            for ticket, k in group:
-                self.planner.record_draft(min(k, ticket.request.draft_cap()), len(ticket.request.draft))
-            if measured.started_tokens:
-                self.planner.costs.observe_catch_up(measured.started_tokens, measured.start_s)
-            if measured.rounds and measured.in_step:
-                self.planner.costs.observe_draft(measured.rows, measured.rounds, measured.seconds)
+            self.planner.observe_draft([t.request for t in tickets], [k for _, k in group], measured)
 
     def _emit_deltas(self, ticket: Ticket, deltas: list[str]) -> None:
         if not deltas:

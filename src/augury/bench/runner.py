@@ -78,12 +78,13 @@ class EngineContender:
     lossless = True
     counterpart = None
 
-    def __init__(self, target: Model, proposer: Proposer | None, method: str, k: int) -> None:
+    def __init__(self, target: Model, proposer: Proposer | None, method: str, k: int, *, adaptive: bool = False) -> None:
+        """k: the draft length, or with adaptive the longest the planner may choose per step."""
         from augury.engine import Engine
 
         self.method = method
         self.k = k if proposer is not None else 0
-        self.engine = Engine(target, proposer, k=max(k, 1))
+        self.engine = Engine(target, proposer, k=max(k, 1), adaptive=adaptive)
 
     def generate(self, messages: Messages, prompt_ids: list[int] | None, params: SamplingParams) -> Outcome:
         assert prompt_ids is not None

@@ -248,5 +248,5 @@ def _build_local(args: argparse.Namespace, methods: list[str], ks: list[int], op
             continue
         if method == "model":
             draft_model = getattr(proposer, "model", None)
-        contenders.extend(EngineContender(on, proposer, name, k) for k in ks)
+        contenders.extend(EngineContender(on, proposer, name, k, adaptive=not args.fixed_k) for k in ks)
     return target, contenders, draft_model

@@ -41,6 +41,8 @@ def add_draft_args(parser: argparse.ArgumentParser, *, default_method: str | Non
                        help=f"plain (no speculation) or one of: {', '.join(method_names()[1:])} "
                        f"(default {default_method})")
     g.add_argument("--k", type=int, default=4, help="draft length K: tokens proposed per step at most (default 4)")
+    g.add_argument("--fixed-k", action="store_true",
+                   help="always draft --k tokens (default: K or a plain step per step, from measured costs)")
     readers: dict[str, list[str]] = {}
     for name, method in METHODS.items():
         for field_name in method_fields(method.options):
@@ -106,4 +108,4 @@ def load_from_args(args: argparse.Namespace, load):
     """`augury.load` with the model, drafting and method-option flags (generate and serve load alike)."""
     options = {k: v for k, v in given_draft_options(args).items() if k not in ("dtype", "device", "offline")}
     return load(args.model, draft_method=args.draft_method, k=args.k, dtype=args.dtype, device=args.device,
-                offline=args.offline, exact=args.exact, weights=args.weights, **options)
+                offline=args.offline, exact=args.exact, weights=args.weights, adaptive=not args.fixed_k, **options)

@@ -36,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo",
         help="speculative vs plain decoding on a sample prompt with the default models",
         description="Pulls the default target/draft pair if needed, runs plain and speculative greedy "
-        "decoding on one prompt, and prints the text, speed-up, tau and acceptance.",
+        "decoding on one prompt, and prints the text, speed-up, the draft length the planner settled on and "
+        "why, tau and acceptance.",
     )
     d.add_argument("--prompt", default=DEMO_PROMPT)
     d.add_argument("--max-tokens", type=int, default=128)
@@ -62,11 +63,14 @@ def run_generate(args: argparse.Namespace) -> int:
     result = llm.generate_ids(ids, params, on_text=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
     sys.stdout.write("\n")
     print(f"[{args.draft_method}] {result.stats.summary()} finish={result.finish_reason}", file=sys.stderr)
+    if llm.last_plan is not None:
+        print(f"[{args.draft_method}] {llm.last_plan.line()}", file=sys.stderr)
     return 0
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from augury.api import load
+    from augury.commands.profile import kernel_path
     from augury.engine import Engine
     from augury.models.store import DEFAULT_DRAFT, DEFAULT_TARGET
     from augury.proposers.options import ModelOptions
@@ -78,19 +82,29 @@ def run_demo(args: argparse.Namespace) -> int:
     ids = llm.encode(args.prompt, chat=True)
     params = SamplingParams(max_tokens=args.max_tokens)
     print(
-        f"target {DEFAULT_TARGET} (bf16), draft {DEFAULT_DRAFT} ({options.draft_quant} weights, "
-        f"stops below confidence {proposer.confidence}), K={args.k}, greedy\nprompt: {args.prompt}\n"
+        f"target {DEFAULT_TARGET} ({kernel_path(target)}), draft {DEFAULT_DRAFT} ({options.draft_quant} weights, "
+        f"stops below confidence {proposer.confidence}), K up to {args.k} chosen per step from measured costs, "
+        f"greedy\nprompt: {args.prompt}\n"
     )
-    spec = Engine(target, proposer, k=args.k).generate(
-        ids, params, on_text=lambda text: (sys.stdout.write(text), sys.stdout.flush())
-    )
+    engine = Engine(target, proposer, k=args.k, adaptive=True)
+    spec = engine.generate(ids, params, on_text=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
     print("\n")
     print("plain decoding of the same prompt for comparison ...", flush=True)
     plain = Engine(target).generate(ids, params)
     s, p = spec.stats, plain.stats
+    ratio = s.tokens_per_s / max(p.tokens_per_s, 1e-9)
     print(f"plain       : {p.tokens_per_s:.2f} tok/s ({p.generated_tokens} tokens)")
     print(f"speculative : {s.tokens_per_s:.2f} tok/s ({s.generated_tokens} tokens)")
-    print(f"speed-up    : {s.tokens_per_s / max(p.tokens_per_s, 1e-9):.2f}x")
+    note = engine.last_plan
+    if ratio >= 1.0:
+        print(f"speed-up    : {ratio:.2f}x")
+    else:  # a loss is not a speed-up: say so, and why
+        print(f"speed-up    : none: speculation ran at {ratio:.2f}x plain on this machine for this prompt")
+    if note is not None:
+        print(note.line())
+        if note.settled_k == 0:
+            print("the planner found that no draft length pays here (a drafted token costs more than its "
+                  "expected acceptance saves), so it decoded plain steps, trying a draft now and then")
     print(f"tau {s.tau:.2f} tokens per target forward, acceptance {s.alpha:.2f} "
           f"(by position {' '.join(f'{a:.2f}' for a in s.acceptance_by_position)})")
     same = spec.token_ids == plain.token_ids

@@ -48,7 +48,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--max-prompt-chars", type=int, default=None,
                    help="longest prompt in characters, refused before tokenizing (default: 32 per prompt token)")
     g.add_argument("--max-messages", type=int, default=2048, help="most messages in one chat request (default 2048)")
-    g.add_argument("--fixed-k", action="store_true", help="always draft --k tokens (no cost-based adaptation)")
     s = p.add_argument_group("security and lifecycle")
     s.add_argument("--allow-host", action="append", default=[], metavar="NAME[:PORT]",
                    help="accept requests whose Host header names this (repeatable; '*' = any). Default: only "

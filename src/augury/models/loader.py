@@ -184,9 +184,15 @@ def _padding(weights: Weights, dtype: torch.dtype, device: torch.device, cached:
     """The batch-invariant row padding for these weights on this machine: measured once, cached with the model."""
     if not exact or device.type != "cpu":
         return None  # the decoder pads nothing then
-    from augury.calibration import load_or_calibrate, machine_key
-    from augury.models.decoder import measure_padding, weight_kinds
+    from augury.calibration import NO_PADDING, load_or_calibrate, machine_key
+    from augury.models.decoder import LINEAR_FIELDS, measure_padding, weight_kinds
 
+    mats = [getattr(layer, name) for layer in weights.layers for name in LINEAR_FIELDS] + [weights.lm_head]
+    if all(getattr(m, "invariant_rows", 0) == 1 for m in mats):
+        # Every matmul gives a row its bits at any row count (GGUF blocks on the kernel): nothing to pad
+        # and nothing to time (timing alone once picked 2 rows for 1 on a tiny model: the first count
+        # timed paid a warm-up).
+        return NO_PADDING
     key = machine_key(dtype, weight_kinds(weights))
     path = cached / f"padding-{key}.json" if cached is not None else None
     padding = load_or_calibrate(path, key, lambda: measure_padding(weights, dtype))

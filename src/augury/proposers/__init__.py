@@ -89,15 +89,21 @@ def build_proposer(
 
 
 def quantize_draft(draft: Model, fmt: str) -> Model:
-    """The draft model with its matmul weights in `fmt` ("int4", "int8"; "none" keeps them).
+    """The draft model with its matmul weights in `fmt` ("int4", "int8"; "none" keeps them; "gguf" keeps a
+    GGUF drafter's own blocks; "auto": "gguf" where the drafter runs on them, else "int4").
 
     A drafter's guesses are checked by the target, so its weights may be
     lossy: on a CPU reading fewer weight bytes is what makes drafting cheap.
     """
-    if fmt == "none":
+    if fmt not in opts.DRAFT_QUANTS:
+        raise AuguryError(f"unknown --draft-quant '{fmt}' (choose from {', '.join(opts.DRAFT_QUANTS)})")
+    on_blocks = draft.decoder.native is not None
+    if fmt == "gguf" and not on_blocks:
+        raise AuguryError(f"--draft-quant gguf needs a GGUF drafter on the native kernel; {draft.name} is not one")
+    if fmt == "none" or (fmt in ("auto", "gguf") and on_blocks):
         return draft
-    if fmt not in opts.QUANT_FORMATS:
-        raise AuguryError(f"unknown --draft-quant '{fmt}' (choose from int4, int8, none)")
+    if fmt == "auto":
+        fmt = "int4"
     from augury.proposers.quantized import int4_matmul_available, quantize_decoder
 
     if fmt == "int4" and not int4_matmul_available(draft.decoder):

@@ -23,6 +23,10 @@ MODEL_CONFIDENCE = 0.5
 # SmolLM2 through text drafts shorter, surer runs: 0.5 cut tau from 2.28 to 1.70, 0.3 kept 2.06.
 CROSS_CONFIDENCE = 0.3
 QUANT_FORMATS = ("int4", "int8")
+# The drafter's weight formats as --draft-quant names them: auto keeps a GGUF drafter's own blocks (the
+# kernel and the C++ layer: a 0.5B Q4_K_M step measured 18.8 ms there against 23.5 ms as torch int4,
+# docs/benchmarks.md 7c) and quantizes anything else to int4.
+DRAFT_QUANTS = ("auto", "gguf", *QUANT_FORMATS, "none")
 
 
 def opt(default: object, help: str, type: Callable = str) -> object:
@@ -54,8 +58,9 @@ def _draft_vocab() -> object:
 @dataclass(frozen=True)
 class ModelOptions(LoadOptions):
     draft: str = opt(DEFAULT_DRAFT, "draft model name or path (same tokenizer as the target)")
-    draft_quant: str = opt("int4", "weight format of the drafter: int4 (groups of 32; int8 where torch's int4 "
-                           "kernel does not run), int8, or none (the model's own dtype)")
+    draft_quant: str = opt("auto", "weight format of the drafter: auto (a GGUF's own blocks, else int4), gguf, "
+                           "int4 (groups of 32; int8 where torch's int4 kernel does not run), int8, or none "
+                           "(the model's own dtype)")
     draft_confidence: float = _confidence(MODEL_CONFIDENCE)
     draft_vocab: int = _draft_vocab()
 
