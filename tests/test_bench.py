@@ -213,6 +213,8 @@ def test_summary_numbers_from_hand_made_records():
     assert s.cell(OVERALL, model).ttft_s == pytest.approx(0.1)
     # end-to-end speed-up uses whole wall time, prefill included
     assert overall.speedup_e2e == pytest.approx((40 / 4.2) / (40 / 4.2))
+    # the slowest prompt against plain: prompt 2 at (30/3) / (30/2) = 0.67x, though overall is 1.00x
+    assert overall.slowest == pytest.approx((30 / 3.0) / (30 / 2.0)) and a.slowest == pytest.approx(2.0)
     assert not s.complete and s.status == "INCOMPLETE: 5 of 6 runs"
 
 

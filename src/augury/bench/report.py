@@ -79,13 +79,14 @@ def tables(s: Summary) -> list[Table]:
         same = s.compared.get(key)
         rows.append([
             s.labels[key], s.kinds[key], _f(agg.tokens_per_s), _f(agg.tokens_per_s_e2e), _f(agg.speedup, ".2f", "x"),
-            _f(agg.speedup_e2e, ".2f", "x"), _f(agg.ttft_s * 1000, ".0f"), _f(agg.tpot_s * 1000, ".1f"),
-            f"{same[0]}/{same[1]}" if same else "—",
+            _f(agg.speedup_e2e, ".2f", "x"), _f(agg.slowest, ".2f", "x"), _f(agg.ttft_s * 1000, ".0f"),
+            _f(agg.tpot_s * 1000, ".1f"), f"{same[0]}/{same[1]}" if same else "—",
             *(f"{100 * getattr(agg, part) / total:.0f}%" for part in ("prefill_s", "draft_s", "verify_s", "other_s")),
         ])
     out.append(Table(
         "Overall: speed, latency, correctness and where the time went",
-        ["method", "kind", "tok/s", "e2e tok/s", "speed-up", "e2e speed-up", "TTFT ms", "TPOT ms", "= plain",
+        ["method", "kind", "tok/s", "e2e tok/s", "speed-up", "e2e speed-up", "slowest prompt", "TTFT ms", "TPOT ms",
+         "= plain",
          "prefill", "draft", "verify", "other"],
         rows,
     ))

@@ -198,7 +198,16 @@ def machine_info() -> dict:
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "kernel": _kernel_isa(),
     }
+
+
+def _kernel_isa() -> str:
+    """Which instruction set's GGUF kernel and layer run here (AUGURY_ISA's, or the best the CPU runs)."""
+    from augury.kernels.extension import kernel_isa
+
+    forced = os.environ.get("AUGURY_ISA")
+    return kernel_isa() + (" (AUGURY_ISA)" if forced else "")
 
 
 @dataclass

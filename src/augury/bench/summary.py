@@ -65,6 +65,7 @@ class Aggregate:
     accepted_at: list[int] = field(default_factory=list)
     speedup: float | None = None
     speedup_e2e: float | None = None
+    slowest: float | None = None  # the lowest per-prompt decode speed-up over plain among its prompts
 
     def add(self, record: dict) -> None:
         self.runs += 1
@@ -228,6 +229,9 @@ def summarize(records: list[dict], info: dict) -> Summary:
                     agg.speedup = ours.tokens_per_s / base.tokens_per_s
                 if base.tokens_per_s_e2e > 0:
                     agg.speedup_e2e = ours.tokens_per_s_e2e / base.tokens_per_s_e2e
+                ratios = [aggregate([mine[p]]).tokens_per_s / aggregate([plain[p]]).tokens_per_s for p in common
+                          if aggregate([plain[p]]).tokens_per_s > 0]
+                agg.slowest = min(ratios) if ratios else None
             cells[(task, key)] = agg
 
     # Greedy and coupled (seeded) sampling give plain decoding's very tokens: those runs are compared.
