@@ -212,6 +212,18 @@ def test_weights_without_the_kernel_keep_the_torch_layer():
     assert Decoder(_config("llama"), weights).native is None
 
 
+def test_a_head_size_the_native_layer_does_not_take_keeps_the_torch_layer():
+    """Head sizes outside 16..256 in steps of 16 run on the torch layer instead of failing in C++."""
+    from augury.models.native_layers import NativeStack
+
+    config = _config("llama")
+    weights = tiny_weights("llama", torch.float32)
+    assert NativeStack.build(config, weights, 0.125) is not None
+    from dataclasses import replace
+
+    assert NativeStack.build(replace(config, head_dim=72), weights, 0.125) is None
+
+
 def test_augury_isa_forces_a_path_and_refuses_bad_values(monkeypatch, capfd):
     try:
         monkeypatch.setenv("AUGURY_ISA", "portable")

@@ -286,7 +286,7 @@ class Decoder:
         # row and layer is the fastest there, and lets a drafter batch
         # sequences whose caches are separate, see cache.CacheGroup).
         self.row_attention_limit = 64 if exact else 4
-        self.native = NativeStack.build(config, weights) if native else None
+        self.native = NativeStack.build(config, weights, self.scale) if native else None
 
     def with_head_rows(self, rows: int) -> "Decoder":
         """The same decoder (shared weights and settings) projecting onto token ids [0, rows) only."""

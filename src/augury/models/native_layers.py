@@ -43,10 +43,10 @@ def _f32(t: Tensor | None) -> Tensor | None:
 class NativeStack:
     """Every layer of one decoder as a `NativeLayer`, and the row tables a block needs."""
 
-    def __init__(self, config: "ModelConfig", weights: "Weights", kernel, isa: str) -> None:
+    def __init__(self, config: "ModelConfig", weights: "Weights", kernel, isa: str, scale: float) -> None:
+        """scale: the query scale the decoder uses (its `scale`)."""
         self.config = config
         c = config
-        scale = c.query_scale if c.query_scale is not None else c.head_dim**-0.5
         self.layers = [
             kernel.NativeLayer(
                 attn_norm=_f32(layer.attn_norm), mlp_norm=_f32(layer.mlp_norm),
@@ -70,8 +70,9 @@ class NativeStack:
         )
 
     @classmethod
-    def build(cls, config: "ModelConfig", weights: "Weights") -> "NativeStack | None":
-        """The native stack where every layer's matmul weight is GGUF blocks on the built kernel, else None."""
+    def build(cls, config: "ModelConfig", weights: "Weights", scale: float) -> "NativeStack | None":
+        """The native stack where every layer's matmul weight is GGUF blocks on the built kernel and the
+        head size is one the layer takes (16..256 in steps of 16), else None (the torch layer runs)."""
         from augury.kernels.weight import GgufWeight
 
         names = ("wqkv", "wo", "w_gate_up", "w_down")
@@ -80,12 +81,14 @@ class NativeStack:
             return None
         if config.activation not in ("silu", "gelu_tanh") or weights.embed.device.type != "cpu":
             return None
+        if config.head_dim % 16 or not 16 <= config.head_dim <= 256:
+            return None
         if not all(p.packed for m in mats for p in m.parts):
             return None
         kernel = mats[0].kernel
         if not hasattr(kernel, "NativeLayer"):
             return None
-        return cls(config, weights, kernel, mats[0].isa)
+        return cls(config, weights, kernel, mats[0].isa, scale)
 
     def run(
         self,
