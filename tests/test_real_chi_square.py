@@ -26,7 +26,9 @@ import torch
 from augury.models.loader import load_model
 from augury.proposers import build_proposer
 from augury.sampling import SamplingParams, probabilities
-from augury.step import GenerationResult, Request, draft, draw, step
+from augury.request import GenerationResult, Request
+from augury.sampling import draw
+from augury.step import draft, step
 from tests.test_lossless import check_samples
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

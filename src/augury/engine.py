@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from augury.models.loader import Model
 from augury.planner import Planner
 from augury.proposers.base import Proposer
+from augury.request import GenerationResult, Request
 from augury.sampling import SamplingParams
-from augury.step import MAX_K, GenerationResult, Request, check_k, draft, prefill, step
+from augury.step import MAX_K, check_k, draft, prefill, step
 
 __all__ = ["Chunk", "Engine", "GenerationResult", "MAX_K", "PlanNote", "check_k"]
 

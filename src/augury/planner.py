@@ -37,7 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from augury.sampling import SamplingParams
-from augury.step import DraftRound, Request, StepReport
+from augury.request import Request
+from augury.step import DraftRound, StepReport
 
 
 def load_dependent(params: SamplingParams) -> bool:
@@ -378,12 +379,6 @@ class Planner:
         w = DraftTally.PRIOR_WEIGHT
         return (s.accepted + w * self.alpha) / (s.drafted + w)
 
-    @staticmethod
-    def behind(request: Request) -> int:
-        """Tokens the request's drafter must catch up on before drafting, beyond a step's usual one or two."""
-        behind = len(request.seq.tokens) - request.drafted_at_length
-        return behind if behind > 2 else 0
-
     # -- the plan ---------------------------------------------------------------------------
 
     def plan(self, requests: list[Request]) -> list[int]:
@@ -420,7 +415,7 @@ class Planner:
         odds = self.tally.odds()
         ks = plan_step(
             self.costs, [odds.scaled(self._alpha(r) / max(self.alpha, 1e-3)) for r in requests], caps, fixed,
-            self.k_max, batched=self.batched, behind=[self.behind(r) for r in requests],
+            self.k_max, batched=self.batched, behind=[r.catch_up() for r in requests],
             margin=0.0 if alone else self.DRAFT_MARGIN, choices=candidates,
         )
         self.planned_k = max((k for k, f in zip(ks, fixed) if f is None), default=self.planned_k)

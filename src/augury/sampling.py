@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from augury.errors import AuguryError
+from augury.verify import coupled_sample
 
 MAX_TOKENS_LIMIT = 1 << 20
 # Seeded sampled requests use coupled sampling unless they ask otherwise: chosen from the measured
@@ -305,3 +307,22 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     else:
         gen.manual_seed(seed)
     return gen
+
+
+class Drawn(Protocol):
+    """What `draw` reads of a sequence (`proposers.base.Sequence` is one): its parameters and generator."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+
+
+def draw(probs: Tensor, seq: Drawn, position: int) -> int:
+    """One token from probs [V] as the request draws them: argmax (greedy), coupled sampling at this
+    output position, or a sample from the request's generator. Drafters draw through this too, so a
+    drafted token is chosen by the same rule as the token the target would commit there."""
+    params = seq.params
+    if params.greedy:
+        return int(probs.argmax())
+    if params.coupled:
+        return coupled_sample(probs, params.seed, position)
+    return int(sample(probs[None], seq.generator)[0])

@@ -34,8 +34,9 @@ from augury.metrics import SpecStats
 from augury.models.loader import Model
 from augury.planner import Planner, load_dependent
 from augury.proposers.base import Proposer, batches
+from augury.request import GenerationResult, Request, TokenLogprob
 from augury.sampling import SamplingParams
-from augury.step import GenerationResult, Request, TokenLogprob, check_k, draft, prefill, step
+from augury.step import check_k, draft, prefill, step
 
 log = logging.getLogger("augury.scheduler")
 

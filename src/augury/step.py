@@ -1,4 +1,4 @@
-"""The one speculative step, and the per-sequence state it works on.
+"""The one speculative step, run on `request.Request`s.
 
 Every driver (the single-request `engine.Engine` and the batching
 `scheduler.Scheduler`) runs the same three functions:
@@ -21,21 +21,19 @@ way, and greedy output is identical.
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from augury.cache import KVCache
 from augury.errors import AuguryError
-from augury.metrics import SpecStats
 from augury.models.loader import Model
-from augury.models.tokenizer import StreamDecoder
-from augury.proposers.base import Draft, Proposer, Sequence, propose_batch, start_batch
-from augury.sampling import SamplingParams, log_probabilities, make_generator, probabilities, sample
-from augury.verify import VerifyResult, coupled_sample, verify_chain, verify_coupled
+from augury.proposers.base import Draft, Proposer, propose_batch, start_batch
+from augury.request import Request
+from augury.sampling import draw, probabilities
+from augury.verify import VerifyResult, verify_chain, verify_coupled
 
 MAX_K = 32
 
@@ -46,159 +44,9 @@ def check_k(k: int) -> int:
     return k
 
 
-@dataclass(frozen=True)
-class TokenLogprob:
-    """An output token's log-probability and the most likely alternatives at its position."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens)
-    stats: SpecStats = field(default_factory=SpecStats)
-    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
-
-
 def starts_eagerly(proposer: Proposer | None) -> bool:
     """Whether a proposer must be started with the prompt rather than on its first draft."""
     return proposer is not None and (proposer.needs_hidden or proposer.needs_every_step)
-
-
-class Request:
-    """One sequence being generated: its tokens, stop conditions, text, statistics and current draft."""
-
-    def __init__(
-        self, target: Model, prompt_ids: list[int], params: SamplingParams, proposer: Proposer | None = None
-    ) -> None:
-        context = target.config.context_length
-        if not prompt_ids:
-            raise AuguryError("the prompt is empty")
-        if len(prompt_ids) >= context:
-            raise AuguryError(f"prompt is {len(prompt_ids)} tokens, longer than the model's context of {context}")
-        if len(prompt_ids) + params.max_tokens > context:
-            raise AuguryError(
-                f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
-                f"the model's context of {context}"
-            )
-        if params.min_tokens and not params.eos_ids and not params.ignore_eos:
-            # min_tokens holds back the end-of-sequence ids in the one logits transform (sampling.py)
-            params = dataclasses.replace(params, eos_ids=frozenset(target.tokenizer.eos_ids))
-        self.params = params
-        self.proposer = proposer
-        generator = make_generator(params.seed, target.decoder.device)
-        self.seq = Sequence(list(prompt_ids), params, generator=generator)
-        self.stats = SpecStats(prompt_tokens=len(prompt_ids))
-        self.decoder = StreamDecoder(target.tokenizer)
-        self.text = ""  # output text so far (stop string cut off)
-        self.emitted = 0  # characters of self.text already streamed
-        self.finish_reason: str | None = None
-        self.draft = Draft([])
-        self.eos_ids = frozenset() if params.ignore_eos else target.tokenizer.eos_ids
-        self.holdback = max((len(s) for s in params.stop), default=1) - 1
-        self.started = False  # proposer.start has run for this sequence
-        self.drafted_at_length = 0  # len(seq.tokens) when the proposer last drafted (how far behind it may be)
-        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
-        self.stop_after = 0  # characters of text a stop string must end past (min_tokens)
-
-    def draft_cap(self) -> int:
-        """The most tokens this sequence may draft now (0 without a proposer): room before max_tokens."""
-        if self.proposer is None:
-            return 0
-        return max(0, self.params.max_tokens - len(self.seq.output) - 1)
-
-    def start(self, prompt_hidden: Tensor | None = None) -> None:
-        """Start the proposer for this sequence, once (a draft model prefills the sequence so far).
-
-        prompt_hidden: [len(seq.tokens) - 1, H'] target states, for proposers that need them.
-        """
-        if self.proposer is None or self.started:
-            return
-        forwards = self.proposer.forwards
-        self.proposer.start(self.seq, prompt_hidden)
-        self.stats.draft_forwards += self.proposer.forwards - forwards
-        self.started = True
-
-    def block(self) -> list[int]:
-        """What the target reads this step: the last committed token, then the draft."""
-        return [self.seq.tokens[-1], *self.draft.tokens]
-
-    def cache_length(self) -> int:
-        """How many of the sequence's tokens the target cache should hold: all but the last."""
-        return len(self.seq.tokens) - 1
-
-    def commit(self, tokens: list[int], logits: Tensor | None = None) -> list[str]:
-        """Append tokens one at a time, stopping exactly where plain decoding would; returns text deltas.
-
-        logits: [len(tokens), V] the target's rows the tokens were chosen from,
-        for requests that report logprobs (row i is token i's position).
-        """
-        deltas = []
-        if self.logprobs is not None and logits is not None:
-            self._record_logprobs(tokens, logits)
-        for token in tokens:
-            if self.finish_reason is not None:
-                break
-            if token in self.eos_ids:
-                self.finish_reason = "stop"
-                break
-            self.seq.tokens.append(token)
-            self.stats.generated_tokens += 1
-            self.text += self.decoder.push([token])
-            if len(self.seq.output) == self.params.min_tokens:
-                self.stop_after = len(self.text)  # a stop string must end past the min_tokens-th token
-            if self.params.stop and len(self.seq.output) >= self.params.min_tokens:
-                cut = min((i for i in (self.text.find(s, max(0, self.stop_after - len(s) + 1))
-                                       for s in self.params.stop) if i >= 0), default=-1)
-                if cut >= 0:
-                    self.text = self.text[:cut]
-                    self.finish_reason = "stop"
-            if self.finish_reason is None and len(self.seq.output) >= self.params.max_tokens:
-                self.finish_reason = "length"
-        safe = len(self.text) if self.finish_reason else max(self.emitted, len(self.text) - self.holdback)
-        if safe > self.emitted:
-            deltas.append(self.text[self.emitted : safe])
-            self.emitted = safe
-        return deltas
-
-    def _record_logprobs(self, tokens: list[int], logits: Tensor) -> None:
-        """Log-probabilities of the tokens about to be committed (those past a stop are dropped with them)."""
-        seq = self.seq
-        rows = log_probabilities(logits[: len(tokens)], self.params, seq.prompt, seq.output, tokens[:-1])
-        top_n = self.params.logprobs or 0
-        for token, row in zip(tokens, rows):
-            top = torch.topk(row, top_n) if top_n else None
-            alternatives = tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else ()
-            self.logprobs.append(TokenLogprob(token, float(row[token]), alternatives))
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
-
-    def close(self) -> None:
-        """Free the proposer's state for this sequence."""
-        if self.proposer is not None and self.started:
-            self.proposer.finish(self.seq)
-
-    def result(self) -> GenerationResult:
-        output = list(self.seq.output)
-        logprobs = self.logprobs[: len(output)] if self.logprobs is not None else None
-        return GenerationResult(self.text, output, self.finish_reason or "length", self.stats, logprobs)
-
-
-def draw(probs: Tensor, seq: Sequence, position: int) -> int:
-    """One token from probs [V] as the request draws them: argmax (greedy), coupled sampling at this
-    output position, or a sample from the request's generator. Drafters draw through this too."""
-    params = seq.params
-    if params.greedy:
-        return int(probs.argmax())
-    if params.coupled:
-        return coupled_sample(probs, params.seed, position)
-    return int(sample(probs[None], seq.generator)[0])
 
 
 def _hidden_wanted(proposer: Proposer | None) -> tuple[bool, tuple[int, ...]]:
@@ -262,7 +110,7 @@ def draft(proposer: Proposer, requests: list[Request], ks: list[int]) -> DraftRo
     if not live:
         return DraftRound(0, 0, 0.0, True, 0, 0.0)
     started = [r for r, _ in live if not r.started]
-    in_step = all(r in started or len(r.seq.tokens) - r.drafted_at_length <= 2 for r, _ in live)
+    in_step = all(r in started or not r.catch_up() for r, _ in live)
     if started:
         forwards = proposer.forwards
         start_batch(proposer, [r.seq for r in started])  # one drafter prefill for all, where it batches

@@ -29,8 +29,7 @@ from augury.cache import CacheGroup, KVCache
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers.base import Draft, ProposerBase, Sequence
-from augury.sampling import probabilities, sample
-from augury.step import draw
+from augury.sampling import draw, probabilities, sample
 from augury.verify import VerifyResult
 
 

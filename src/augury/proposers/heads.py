@@ -68,8 +68,7 @@ from augury.models.decoder import (
 )
 from augury.models.loader import Model
 from augury.proposers.base import Draft, ProposerBase, Sequence
-from augury.sampling import probabilities, sample
-from augury.step import draw
+from augury.sampling import draw, probabilities, sample
 from augury.verify import VerifyResult
 
 KINDS = ("mtp", "eagle", "parallel")

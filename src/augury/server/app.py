@@ -60,7 +60,7 @@ from augury.server.schemas import (
     openapi,
     validate,
 )
-from augury.step import GenerationResult, TokenLogprob
+from augury.request import GenerationResult, TokenLogprob
 
 log = logging.getLogger("augury.server")
 
