@@ -16,21 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from augury.bench.records import RECORDS, Outcome, read_records, record_for
 from augury.bench.report import write_report
-from augury.bench.runner import (
-    RECORDS,
-    BenchPlan,
-    EngineContender,
-    Outcome,
-    encode_messages,
-    read_records,
-    record_for,
-    run_bench,
-    schedule,
-)
+from augury.bench.runner import BenchPlan, EngineContender, encode_messages, prepare_run, run_bench, schedule
 from augury.bench.suites import Prompt, load_suite
 from augury.bench.summary import OVERALL, first_difference, summarize
 from augury.cli import main
+from augury.commands.bench import run_and_report
 from augury.errors import AuguryError
 from augury.metrics import SpecStats
 from augury.proposers.draft_model import DraftModelProposer
@@ -297,7 +289,7 @@ def test_schedule_rotates_method_order_per_prompt():
 def test_run_interleaves_prompt_by_prompt_after_unrecorded_warmup(tmp_path):
     log: list = []
     contenders = [FakeContender("plain", 0, log), FakeContender("model", 4, log)]
-    run_bench(plan_for(prompts_n(3), contenders), tmp_path / "out", progress=False)
+    run_and_report(plan_for(prompts_n(3), contenders), tmp_path / "out", progress=False)
     warmup, runs = log[:2], log[2:]
     assert all(max_tokens == 8 for _, _, max_tokens, _ in warmup)
     assert [(m, q) for m, q, _, _ in runs] == [
@@ -314,8 +306,8 @@ def test_run_interleaves_prompt_by_prompt_after_unrecorded_warmup(tmp_path):
 def test_all_turns_feed_back_each_methods_own_answer(tmp_path):
     log: list = []
     prompt = Prompt("1", "t", "t", ("first", "second"))
-    run_bench(plan_for([prompt], [FakeContender("plain", 0, log)], all_turns=True), tmp_path / "o",
-              progress=False, warmup=False, report=False)
+    plan, out = plan_for([prompt], [FakeContender("plain", 0, log)], all_turns=True), tmp_path / "o"
+    run_bench(plan, out, prepare_run(plan, out), progress=False, warmup=False)
     assert [(q, n) for _, q, _, n in log] == [("first", 1), ("second", 3)]
     [record] = read_records(tmp_path / "o" / RECORDS)
     assert record["turns"] == 2 and record["tokens"] == 6 and len(record["token_ids"]) == 2
@@ -326,16 +318,16 @@ def test_resume_after_prompt_limit_completes_without_rerunning(tmp_path):
     log: list = []
     contenders = [FakeContender("plain", 0, log), FakeContender("model", 4, log)]
     plan = plan_for(prompts_n(3), contenders)
-    assert run_bench(plan, out, max_prompts=1, progress=False, warmup=False) == 2
+    assert run_and_report(plan, out, max_prompts=1, progress=False, warmup=False) == 2
     summary_md = (out / "summary.md").read_text()
     assert "INCOMPLETE: 2 of 6 runs" in summary_md
     assert "INCOMPLETE: 2 of 6 runs" in (out / "report.html").read_text()
     first = (out / RECORDS).read_text()
 
     with pytest.raises(AuguryError, match="--resume"):
-        run_bench(plan, out, progress=False, warmup=False)
+        run_and_report(plan, out, progress=False, warmup=False)
     log.clear()
-    assert run_bench(plan, out, resume=True, progress=False, warmup=False) == 4
+    assert run_and_report(plan, out, resume=True, progress=False, warmup=False) == 4
     assert {q for _, q, _, _ in log} == {"q1", "q2"}
     text = (out / RECORDS).read_text()
     assert text.startswith(first)
@@ -349,22 +341,23 @@ def test_ctrl_c_keeps_finished_records_and_marks_report(tmp_path):
     contenders = [FakeContender("plain", 0), FakeContender("model", 4, interrupt_at=2)]
     plan = plan_for(prompts_n(2), contenders)
     with pytest.raises(KeyboardInterrupt):
-        run_bench(plan, out, progress=False, warmup=False)
+        run_and_report(plan, out, progress=False, warmup=False)
     assert len(read_records(out / RECORDS)) == 2  # plain q0, model q0; model's q1 was interrupted
     assert "INCOMPLETE: 2 of 4 runs" in (out / "summary.md").read_text()
     # a torn last line (killed mid-write) is dropped on resume
     with (out / RECORDS).open("a") as fh:
         fh.write('{"prompt_id": "1", "meth')
     contenders[1].interrupt_at = None
-    assert run_bench(plan, out, resume=True, progress=False, warmup=False) == 2
+    assert run_and_report(plan, out, resume=True, progress=False, warmup=False) == 2
     assert len(read_records(out / RECORDS)) == 4
 
 
 def test_resume_refuses_different_settings(tmp_path):
     out = tmp_path / "out"
-    run_bench(plan_for(prompts_n(1), [FakeContender("plain")]), out, progress=False, warmup=False, report=False)
+    plan = plan_for(prompts_n(1), [FakeContender("plain")])
+    run_bench(plan, out, prepare_run(plan, out), progress=False, warmup=False)
     with pytest.raises(AuguryError, match="different max_new_tokens"):
-        run_bench(plan_for(prompts_n(1), [FakeContender("plain")], max_tokens=99), out, resume=True, progress=False)
+        prepare_run(plan_for(prompts_n(1), [FakeContender("plain")], max_tokens=99), out, resume=True)
 
 
 # -- end to end on tiny models: records, correctness, report files -----------------------------
@@ -388,7 +381,7 @@ def test_end_to_end_tiny_models_report(tmp_path, tiny_suite):
     out = tmp_path / "out"
     settings = {"model": "tiny", "suite": "tiny"}
     plan = BenchPlan(tiny_suite, contenders, SamplingParams(max_tokens=12), encode, settings=settings)
-    assert run_bench(plan, out, progress=False) == 12
+    assert run_and_report(plan, out, progress=False) == 12
 
     records = read_records(out / RECORDS)
     assert len(records) == 12 and all(r["tokens"] == 12 for r in records)
@@ -419,7 +412,7 @@ def test_end_to_end_tiny_models_report(tmp_path, tiny_suite):
 
 def test_rebuilt_report_is_stable(tmp_path):
     out = tmp_path / "out"
-    run_bench(plan_for(prompts_n(2), [FakeContender("plain"), FakeContender("ngram", 4)]), out, progress=False)
+    run_and_report(plan_for(prompts_n(2), [FakeContender("plain"), FakeContender("ngram", 4)]), out, progress=False)
     before = (out / "summary.md").read_text()
     write_report(out)
     assert (out / "summary.md").read_text() == before

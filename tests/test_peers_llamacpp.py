@@ -20,7 +20,7 @@ from augury.bench.peers import (
     parse_speculative_timings,
     speculative_answer,
 )
-from augury.bench.runner import RECORDS, read_records
+from augury.bench.records import RECORDS, read_records
 from augury.cli import main
 from augury.errors import AuguryError
 from augury.sampling import SamplingParams

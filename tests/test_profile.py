@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from augury.bench.forward import ForwardProfile, ProfileReport, forward_curve
+from augury.bench.forward import ForwardProfile, ProfileReport
 from augury.bench.peers import llama_bench_ms, parse_llama_bench
 from augury.calibration import RowPadding
 from augury.cli import main
-from augury.costs import costs_path, load_cost_curve, save_cost_curve
+from augury.costs import costs_path, forward_curve, load_cost_curve, save_cost_curve
 from augury.errors import AuguryError
 from augury.models.loader import Model, load_model
 from tests.test_peers_llamacpp import write_fake_llama_cpp

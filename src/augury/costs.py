@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from pathlib import Path
+
+import torch
 
 from augury.calibration import machine_key
 from augury.models.decoder import weight_kinds
@@ -88,6 +91,39 @@ QUICK_CONTEXT = 128  # cached tokens before the block in the quick measurement
 QUICK_REPEATS = 3
 
 
+def weight_bytes_per_step(model: Model) -> int:
+    """Bytes of weights one decode step must read: every layer matrix plus the output head."""
+    w = model.decoder.weights
+    total = 0
+    for layer in w.layers:
+        for value in vars(layer).values():
+            if value is not None:
+                total += value.nbytes
+    return total + w.lm_head.nbytes + w.final_norm.nbytes
+
+
+def forward_curve(model: Model, context: int, rows: list[int], repeats: int = 5) -> dict[int, float]:
+    """Median ms of a forward of T new tokens after `context` cached tokens, for each T."""
+    decoder = model.decoder
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    cache = decoder.new_cache(1, context + max(rows) + 8)
+    decoder.forward(torch.randint(0, vocab, (1, context), generator=gen), cache, logits_rows=slice(-1, None))
+    out = {}
+    for t in rows:
+        block = torch.randint(0, vocab, (1, t), generator=gen)
+        times = []
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            decoder.forward(block, cache)
+            elapsed = time.perf_counter() - t0
+            cache.truncate(context)
+            if i:  # the first is a warm-up
+                times.append(elapsed)
+        out[t] = statistics.median(times) * 1e3
+    return out
+
+
 def cost_curve_for(model: Model, k_max: int) -> dict[int, float]:
     """The target's cost curve for blocks of 1..k_max + 1 tokens: `augury profile`'s where it measured
     this model on this machine, else a quick one measured now (a second or two for a 1.5B model) and
@@ -104,8 +140,6 @@ def cost_curve_for(model: Model, k_max: int) -> dict[int, float]:
     wanted = range(1, k_max + 2)
     if curve is not None and all(rows in curve for rows in wanted):
         return curve
-    from augury.bench.forward import forward_curve, weight_bytes_per_step
-
     context = min(QUICK_CONTEXT, model.config.context_length - k_max - 16)
     measured = forward_curve(model, max(context, 1), list(wanted), repeats=QUICK_REPEATS)
     source = model.source

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
-from augury.bench.runner import Messages, Outcome
+from augury.bench.records import Messages, Outcome
 from augury.errors import AuguryError
 from augury.metrics import SpecStats
 from augury.sampling import SamplingParams

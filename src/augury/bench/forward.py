@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from augury.costs import forward_curve, weight_bytes_per_step
 from augury.models.decoder import OneDnnWeight, onednn_packing_available
 from augury.models.loader import Model
 
@@ -161,39 +162,6 @@ def _kernel_reader(size_bytes: int):
     x = torch.ones(1, n_in)
     isa = kernel_isa()
     return lambda: module.linear(x, [data], [packing.KIND_ID["Q4_K"]], [rows], None, isa)
-
-
-def weight_bytes_per_step(model: Model) -> int:
-    """Bytes of weights one decode step must read: every layer matrix plus the output head."""
-    w = model.decoder.weights
-    total = 0
-    for layer in w.layers:
-        for value in vars(layer).values():
-            if value is not None:
-                total += value.nbytes
-    return total + w.lm_head.nbytes + w.final_norm.nbytes
-
-
-def forward_curve(model: Model, context: int, rows: list[int], repeats: int = 5) -> dict[int, float]:
-    """Median ms of a forward of T new tokens after `context` cached tokens, for each T."""
-    decoder = model.decoder
-    gen = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    cache = decoder.new_cache(1, context + max(rows) + 8)
-    decoder.forward(torch.randint(0, vocab, (1, context), generator=gen), cache, logits_rows=slice(-1, None))
-    out = {}
-    for t in rows:
-        block = torch.randint(0, vocab, (1, t), generator=gen)
-        times = []
-        for i in range(repeats + 1):
-            t0 = time.perf_counter()
-            decoder.forward(block, cache)
-            elapsed = time.perf_counter() - t0
-            cache.truncate(context)
-            if i:  # the first is a warm-up
-                times.append(elapsed)
-        out[t] = statistics.median(times) * 1e3
-    return out
 
 
 def plain_tokens_per_s(model: Model, prompt_ids: list[int], tokens: int) -> float:

@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from augury.bench.endpoint import EndpointContender
+from augury.bench.records import Messages
 from augury.bench.report import Table
 from augury.errors import AuguryError
 from augury.sampling import SamplingParams
@@ -61,8 +62,6 @@ LABELS = {SPEC_OFF: "spec off", SPEC_ON: "spec on"}
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 GOAL_RATIO_AT_1 = 1.5  # the goal: speculation at least 1.5x plain for a single client
 STDERR_TAIL_LINES = 4
-
-Messages = list[dict[str, str]]
 
 
 # -- input ------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from augury.bench.runner import Messages, Outcome
+from augury.bench.records import Messages, Outcome
 from augury.errors import AuguryError
 from augury.metrics import SpecStats
 from augury.models.decoder import ModelConfig, dense_weight

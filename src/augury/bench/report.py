@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from augury.bench.runner import PLOTS, RECORDS, REPORT_HTML, RUN_INFO, SUMMARY_MD, read_records
+from augury.bench.records import PLOTS, RECORDS, REPORT_HTML, RUN_INFO, SUMMARY_MD, read_records
 from augury.bench.summary import OVERALL, Summary, summarize
 from augury.errors import AuguryError
 
@@ -29,6 +29,7 @@ DEFINITIONS = (
     "= plain: greedy outputs identical to plain decoding's token ids for the same prompt (lossless methods must "
     "be; peers run other kernels, so bf16 near-ties may differ there).",
 )
+TIME_PARTS = ("prefill_s", "draft_s", "verify_s", "other_s")  # where a run's wall time went (`SpecStats`)
 
 
 @dataclass
@@ -64,7 +65,7 @@ def tables(s: Summary) -> list[Table]:
             if agg is None:
                 continue
             rows.append([
-                task, s.labels[key], str(agg.runs), str(agg.tokens), _f(agg.tokens_per_s),
+                task, s.labels[key], str(agg.runs), str(agg.stats.generated_tokens), _f(agg.tokens_per_s),
                 _f(agg.speedup, ".2f", "x"), _f(agg.tau), _f(agg.alpha),
             ])
     headers = ["task", "method", "prompts", "tokens", "tok/s", "speed-up", "τ", "α"]
@@ -75,13 +76,13 @@ def tables(s: Summary) -> list[Table]:
         agg = s.cell(OVERALL, key)
         if agg is None:
             continue
-        total = agg.total_s or 1.0
+        total = agg.stats.total_s or 1.0
         same = s.compared.get(key)
         rows.append([
             s.labels[key], s.kinds[key], _f(agg.tokens_per_s), _f(agg.tokens_per_s_e2e), _f(agg.speedup, ".2f", "x"),
             _f(agg.speedup_e2e, ".2f", "x"), _f(agg.slowest, ".2f", "x"), _f(agg.ttft_s * 1000, ".0f"),
             _f(agg.tpot_s * 1000, ".1f"), f"{same[0]}/{same[1]}" if same else "—",
-            *(f"{100 * getattr(agg, part) / total:.0f}%" for part in ("prefill_s", "draft_s", "verify_s", "other_s")),
+            *(f"{100 * getattr(agg.stats, part) / total:.0f}%" for part in TIME_PARTS),
         ])
     out.append(Table(
         "Overall: speed, latency, correctness and where the time went",
@@ -91,7 +92,7 @@ def tables(s: Summary) -> list[Table]:
         rows,
     ))
 
-    drafting = [key for key in s.keys if (agg := s.cell(OVERALL, key)) is not None and agg.drafted_at]
+    drafting = [key for key in s.keys if (agg := s.cell(OVERALL, key)) is not None and agg.stats.drafted_at]
     if drafting:
         width = max(len(s.cell(OVERALL, key).acceptance_by_position) for key in drafting)
         rows = []
@@ -184,7 +185,7 @@ def plot_speedup(s: Summary):
 
 def plot_acceptance(s: Summary):
     """Acceptance rate at each draft position, one line per drafting method."""
-    keys = [key for key in s.keys if (agg := s.cell(OVERALL, key)) is not None and agg.drafted_at]
+    keys = [key for key in s.keys if (agg := s.cell(OVERALL, key)) is not None and agg.stats.drafted_at]
     if not keys:
         return None
     plt = _figure()
@@ -210,8 +211,8 @@ def plot_time_split(s: Summary):
     plt = _figure()
     fig, ax = plt.subplots(figsize=(6.5, 0.5 * len(keys) + 2.2))
     left = [0.0] * len(keys)
-    for part in ("prefill_s", "draft_s", "verify_s", "other_s"):
-        shares = [getattr(s.cell(OVERALL, k), part) / (s.cell(OVERALL, k).total_s or 1.0) for k in keys]
+    for part in TIME_PARTS:
+        shares = [getattr(s.cell(OVERALL, k).stats, part) / (s.cell(OVERALL, k).stats.total_s or 1.0) for k in keys]
         ax.barh(range(len(keys)), shares, left=left, label=part.removesuffix("_s"))
         left = [a + b for a, b in zip(left, shares)]
     ax.set_yticks(range(len(keys)), [s.labels[k] for k in keys])

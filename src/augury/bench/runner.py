@@ -26,49 +26,29 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
+from augury.bench.records import (
+    OUTPUT_FILES,
+    RECORDS,
+    RUN_INFO,
+    Contender,
+    Messages,
+    Outcome,
+    RecordWriter,
+    read_records,
+    record_for,
+    run_key,
+)
 from augury.bench.suites import Prompt
 from augury.errors import AuguryError
-from augury.metrics import SpecStats
 from augury.models.loader import Model
 from augury.proposers.base import Proposer
 from augury.sampling import SamplingParams
 
-RECORDS = "records.jsonl"
-RUN_INFO = "run.json"
-SUMMARY_MD = "summary.md"
-REPORT_HTML = "report.html"
-PLOTS = ("speedup.png", "acceptance.png", "time_split.png", "sweep.png")
-OUTPUT_FILES = (RECORDS, RUN_INFO, SUMMARY_MD, REPORT_HTML, *PLOTS)  # all this benchmark writes
 WARMUP_TOKENS = 8
-
-Messages = list[dict[str, str]]
-
-
-@dataclass
-class Outcome:
-    """What one generation produced: tokens, text and timing counters."""
-
-    token_ids: list[int]
-    text: str
-    stats: SpecStats
-    finish_reason: str = "length"
-
-
-class Contender(Protocol):
-    """A method under test. `method` and `k` name its records."""
-
-    method: str
-    k: int
-    kind: str  # "augury", "peer" or "endpoint"
-    lossless: bool  # greedy output must equal plain decoding's token for token
-    counterpart: str | None  # the augury method a peer is compared against
-
-    def generate(self, messages: Messages, prompt_ids: list[int] | None, params: SamplingParams) -> Outcome:
-        """One completion of the chat so far (prompt_ids: its tokens, when a local tokenizer exists)."""
+Run = tuple[int, Prompt, Contender]  # (the prompt's index, for its seed; the prompt; who runs it)
 
 
 class EngineContender:
@@ -109,10 +89,6 @@ def encode_messages(tokenizer, messages: Messages, chat: bool) -> list[int]:
     return tokenizer.encode(prompt_text(tokenizer, messages, chat))
 
 
-def run_key(prompt_id: str, method: str, k: int) -> tuple[str, str, int]:
-    return (str(prompt_id), method, int(k))
-
-
 def schedule(prompts: list[Prompt], contenders: list) -> list[tuple[Prompt, object]]:
     """Every (prompt, contender) pair, prompt by prompt; prompt i starts at contender i mod m.
 
@@ -125,69 +101,6 @@ def schedule(prompts: list[Prompt], contenders: list) -> list[tuple[Prompt, obje
         shift = i % m if m else 0
         order.extend((prompt, c) for c in contenders[shift:] + contenders[:shift])
     return order
-
-
-def method_label(method: str, k: int, ks_of_method: dict[str, set[int]]) -> str:
-    """How a (method, K) is shown: the bare name unless the method ran at several K."""
-    return f"{method} k={k}" if len(ks_of_method.get(method, ())) > 1 else method
-
-
-def record_for(prompt: Prompt, contender: Contender, outcomes: list[Outcome]) -> dict:
-    """The JSONL record of one prompt (all its turns) run by one contender."""
-    stats = SpecStats()
-    for outcome in outcomes:
-        stats = stats.merge(outcome.stats)
-    decode_s = stats.decode_s if stats.generated_tokens else 0.0
-    return {
-        "prompt_id": prompt.id,
-        "task": prompt.task,
-        "category": prompt.category,
-        "method": contender.method,
-        "k": contender.k,
-        "kind": contender.kind,
-        "turns": len(outcomes),
-        "tokens": stats.generated_tokens,
-        "seconds": decode_s,
-        "tokens_per_s": stats.tokens_per_s,
-        "tau": stats.tau,
-        "alpha": stats.alpha,
-        "acceptance_by_position": stats.acceptance_by_position,
-        "prompt_tokens": stats.prompt_tokens,
-        "prefill_s": stats.prefill_s,
-        "draft_s": stats.draft_s,
-        "verify_s": stats.verify_s,
-        "other_s": stats.other_s,
-        "total_s": stats.total_s,
-        "steps": stats.steps,
-        "committed_in_steps": stats.committed_in_steps,
-        "drafted": stats.drafted,
-        "accepted": stats.accepted,
-        "drafted_at": stats.drafted_at,
-        "accepted_at": stats.accepted_at,
-        "target_forwards": stats.target_forwards,
-        "draft_forwards": stats.draft_forwards,
-        "finish_reason": [o.finish_reason for o in outcomes],
-        "token_ids": [o.token_ids for o in outcomes],
-        "text": [o.text for o in outcomes],
-    }
-
-
-def read_records(path: Path) -> list[dict]:
-    """Records written so far. A torn last line (the process was killed mid-write) is dropped."""
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    records = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if lineno == len(lines):
-                break
-            raise AuguryError(f"{path}:{lineno}: malformed record; fix or remove the line") from None
-    return records
 
 
 def machine_info() -> dict:
@@ -291,21 +204,6 @@ def prepare_out_dir(out: Path, info: dict, resume: bool, overwrite: bool) -> set
     return done
 
 
-class RecordWriter:
-    """Appends one JSON line per finished run and flushes it to disk at once."""
-
-    def __init__(self, path: Path) -> None:
-        self.file = path.open("a", encoding="utf-8")
-
-    def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-        os.fsync(self.file.fileno())
-
-    def close(self) -> None:
-        self.file.close()
-
-
 def _seeded(params: SamplingParams, index: int) -> SamplingParams:
     """Per-prompt seed for sampled runs, so a rerun (or a resumed one) draws the same way."""
     import dataclasses
@@ -328,7 +226,7 @@ def _conversation(prompt: Prompt, plan: BenchPlan, contender: Contender, params:
     return outcomes
 
 
-def pending_runs(plan: BenchPlan, done: set, max_prompts: int | None = None) -> list[tuple[int, Prompt, object]]:
+def pending_runs(plan: BenchPlan, done: set, max_prompts: int | None = None) -> list[Run]:
     """The scheduled runs not yet recorded, with each prompt's index (for its seed)."""
     index = {p.id: i for i, p in enumerate(plan.prompts)}
     prompts = plan.prompts if max_prompts is None else plan.prompts[:max_prompts]
@@ -352,62 +250,41 @@ def check_prompt_lengths(plan: BenchPlan, context: int) -> None:
             )
 
 
-def run_bench(
-    plan: BenchPlan,
-    out: Path,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    max_prompts: int | None = None,
-    progress: bool = True,
-    warmup: bool = True,
-    report: bool = True,
-) -> int:
-    """Run what is not yet recorded in out/records.jsonl, then write the report; return runs finished now.
+def prepare_run(
+    plan: BenchPlan, out: Path, *, resume: bool = False, overwrite: bool = False, max_prompts: int | None = None
+) -> list[Run]:
+    """Check the settings against the folder, write run.json and return the runs not yet recorded.
 
-    Settings are checked (and the folder prepared) before anything runs, so
-    bad input leaves no report behind. Once runs have started the report is
-    written however the run ends: max_prompts (stop after the first N
-    prompts), Ctrl-C or an error leave a report marked INCOMPLETE, and the
-    exception propagates after the finished records are safely on disk.
+    Runs before anything is generated, so bad input (a folder holding another
+    benchmark, a resume with other settings) raises with nothing run or reported.
     """
     info = {**plan.run_info(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine_info()}
     done = prepare_out_dir(out, info, resume, overwrite)
-    todo = pending_runs(plan, done, max_prompts)
+    return pending_runs(plan, done, max_prompts)
+
+
+def run_bench(plan: BenchPlan, out: Path, todo: list[Run], *, progress: bool = True, warmup: bool = True) -> int:
+    """Run `todo` (from `prepare_run`), appending each record to out/records.jsonl; return the runs finished.
+
+    Each record is on disk as soon as its run finishes, so Ctrl-C or an error
+    keep every finished run; the exception propagates. The report is the
+    caller's next step (`commands.bench.run_and_report`).
+    """
     finished = 0
-    ok = False
+    if todo and warmup:
+        _warm_up(plan, todo)
+    writer = RecordWriter(out / RECORDS)
     try:
-        if todo and warmup:
-            _warm_up(plan, todo)
-        writer = RecordWriter(out / RECORDS)
-        try:
-            for index, prompt, contender in _progress(todo, progress):
-                outcomes = _conversation(prompt, plan, contender, _seeded(plan.params, index))
-                writer.write(record_for(prompt, contender, outcomes))
-                finished += 1
-        finally:
-            writer.close()
-        ok = True
+        for index, prompt, contender in _progress(todo, progress):
+            outcomes = _conversation(prompt, plan, contender, _seeded(plan.params, index))
+            writer.write(record_for(prompt, contender, outcomes))
+            finished += 1
     finally:
-        if report:
-            _report_after(out, ok)
+        writer.close()
     return finished
 
 
-def _report_after(out: Path, ok: bool) -> None:
-    """Write the report; after a failure, never let a report problem hide the original error."""
-    from augury.bench.report import write_report
-
-    if ok:
-        write_report(out)
-        return
-    try:
-        write_report(out)
-    except Exception as exc:  # noqa: BLE001 - the run's own exception is the one to show
-        print(f"augury: could not write the report of the interrupted run: {exc}", file=sys.stderr)
-
-
-def _warm_up(plan: BenchPlan, todo: list) -> None:
+def _warm_up(plan: BenchPlan, todo: list[Run]) -> None:
     """One short, unrecorded generation per contender that still has work."""
     import dataclasses
 
@@ -421,7 +298,7 @@ def _warm_up(plan: BenchPlan, todo: list) -> None:
         contender.generate(messages, plan.encode(messages) if plan.encode else None, params)
 
 
-def _progress(todo: list, enabled: bool) -> Iterator:
+def _progress(todo: list[Run], enabled: bool) -> Iterator[Run]:
     if not enabled:
         yield from todo
         return

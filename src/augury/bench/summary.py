@@ -13,102 +13,76 @@ Definitions (also printed under the report's tables):
   the overall one all prompts, so it is not the mean of the task speed-ups.
   The end-to-end speed-up is the same ratio with whole wall time (prefill
   included) in place of decode time.
-* τ = Σ tokens committed by verification forwards (accepted drafts plus the
-  recovered or bonus token, so the last token counts) ÷ Σ verification
-  forwards; plain decoding has τ = 1. α = Σ accepted ÷ Σ drafted. Acceptance at
-  position i = times the i-th drafted token was accepted ÷ times one was drafted.
+* τ, α and acceptance by position are `metrics.SpecStats`'s, over the
+  records' counters summed (so over a set of prompts they are ratios of sums);
+  a method that reports no verification steps or drafts (a peer, an endpoint)
+  shows none rather than 0.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from augury.bench.records import record_stats
+from augury.metrics import SpecStats
+
 OVERALL = "overall"
 PLAIN = "plain"
 
 Key = tuple[str, int]  # (method, k)
 
-_SUMMED = (
-    "tokens",
-    "seconds",
-    "total_s",
-    "prefill_s",
-    "draft_s",
-    "verify_s",
-    "other_s",
-    "steps",
-    "committed_in_steps",
-    "drafted",
-    "accepted",
-    "turns",
-)
-
 
 @dataclass
 class Aggregate:
-    """Sums over a set of records of one method."""
+    """A method's records over a set of prompts: their `SpecStats` summed, and what only records hold."""
 
+    stats: SpecStats = field(default_factory=SpecStats)
     runs: int = 0
-    tokens: int = 0
-    seconds: float = 0.0  # decode seconds
-    total_s: float = 0.0
-    prefill_s: float = 0.0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    other_s: float = 0.0
-    steps: int = 0
-    committed_in_steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
     turns: int = 0
-    drafted_at: list[int] = field(default_factory=list)
-    accepted_at: list[int] = field(default_factory=list)
+    # Decode seconds as recorded: each run's wall time after its first token, 0 for a run that generated
+    # no token (so such a run adds nothing to tokens/s either way).
+    seconds: float = 0.0
     speedup: float | None = None
     speedup_e2e: float | None = None
     slowest: float | None = None  # the lowest per-prompt decode speed-up over plain among its prompts
 
     def add(self, record: dict) -> None:
         self.runs += 1
-        for name in _SUMMED:
-            setattr(self, name, getattr(self, name) + record.get(name, 0))
-        for mine, theirs in (
-            (self.drafted_at, record.get("drafted_at", [])),
-            (self.accepted_at, record.get("accepted_at", [])),
-        ):
-            mine.extend([0] * (len(theirs) - len(mine)))
-            for i, n in enumerate(theirs):
-                mine[i] += n
+        self.turns += record.get("turns", 0)
+        self.seconds += record.get("seconds", 0.0)
+        self.stats = self.stats.merge(record_stats(record))
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        return self.stats.generated_tokens / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def tokens_per_s_e2e(self) -> float:
-        return self.tokens / self.total_s if self.total_s > 0 else 0.0
+        return self.stats.generated_tokens / self.stats.total_s if self.stats.total_s > 0 else 0.0
 
     @property
     def tau(self) -> float | None:
-        """None when the method reports no verification steps (peers, endpoints)."""
-        return self.committed_in_steps / self.steps if self.steps else None
+        """`SpecStats.tau`; None (not 0) when the method reports no verification steps (peers, endpoints)."""
+        return self.stats.tau if self.stats.steps else None
 
     @property
     def alpha(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
+        """`SpecStats.alpha`; None (not 0) when nothing was drafted."""
+        return self.stats.alpha if self.stats.drafted else None
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+        return self.stats.acceptance_by_position
 
     @property
     def ttft_s(self) -> float:
         """Mean time to first token per turn (prefill plus the first token)."""
-        return self.prefill_s / self.turns if self.turns else 0.0
+        return self.stats.prefill_s / self.turns if self.turns else 0.0
 
     @property
     def tpot_s(self) -> float:
         """Mean time per output token after the first."""
-        return self.seconds / self.tokens if self.tokens else 0.0
+        return self.seconds / self.stats.generated_tokens if self.stats.generated_tokens else 0.0
 
 
 def aggregate(records: list[dict]) -> Aggregate:

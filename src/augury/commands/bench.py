@@ -6,6 +6,7 @@ import argparse
 import sys
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from augury.commands.common import (
     add_draft_args,
@@ -15,6 +16,9 @@ from augury.commands.common import (
     sampling_from_args,
 )
 from augury.errors import AuguryError
+
+if TYPE_CHECKING:
+    from augury.bench.runner import BenchPlan
 
 DRAFT_MODEL_METHODS = ("model", "hybrid", "cross")  # methods that load a second model
 LLAMA_CPP_MAX_CTX = 8192
@@ -180,7 +184,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if endpoint is not None:
         contenders.append(endpoint)
 
-    from augury.bench.runner import BenchPlan, check_prompt_lengths, encode_messages, run_bench
+    from augury.bench.runner import BenchPlan, check_prompt_lengths, encode_messages
 
     plan = BenchPlan(
         prompts=suite.prompts,
@@ -206,7 +210,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"augury: {note}", file=sys.stderr)
     try:
-        run_bench(
+        run_and_report(
             plan, out, resume=args.resume, overwrite=args.overwrite, max_prompts=args.max_prompts,
             progress=args.progress, warmup=args.warmup,
         )
@@ -220,6 +224,39 @@ def run_bench_command(args: argparse.Namespace) -> int:
     print(console_summary(summary))
     print(f"report: {out / 'summary.md'}, {out / 'report.html'}", file=sys.stderr)
     return 0
+
+
+def run_and_report(
+    plan: BenchPlan,
+    out: Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    max_prompts: int | None = None,
+    progress: bool = True,
+    warmup: bool = True,
+) -> int:
+    """Run the benchmark (`runner.run_bench`), then write its report; return the runs finished now.
+
+    Once runs have started the report is written however the run ends:
+    max_prompts, Ctrl-C or an error leave a report marked INCOMPLETE, and the
+    run's exception propagates after it. Bad settings raise before anything
+    runs and leave no report behind.
+    """
+    from augury.bench.report import write_report
+    from augury.bench.runner import prepare_run, run_bench
+
+    todo = prepare_run(plan, out, resume=resume, overwrite=overwrite, max_prompts=max_prompts)
+    try:
+        finished = run_bench(plan, out, todo, progress=progress, warmup=warmup)
+    except BaseException:
+        try:
+            write_report(out)
+        except Exception as exc:  # noqa: BLE001 - the run's own exception is the one to show
+            print(f"augury: could not write the report of the interrupted run: {exc}", file=sys.stderr)
+        raise
+    write_report(out)
+    return finished
 
 
 def _build_local(args: argparse.Namespace, methods: list[str], ks: list[int], options: dict[str, dict]):
