@@ -12,6 +12,26 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+# Slots a cache keeps past the longest sequence it is sized for: the last block (a draft and its
+# verification, a drafter's catch-up) is written there before it is truncated. Generous, since a
+# slot is cheap next to the weights and a block that does not fit raises; more than step.MAX_K + 1.
+SLACK = 64
+# Slots a drafter keeps free when it decides how far it may still draft (a catch-up comes first).
+DRAFT_MARGIN = 16
+
+
+def slots_for(tokens: int, growth: int = 0) -> int:
+    """The length of a cache for a sequence of `tokens` that may grow by `growth`, with `SLACK` past it.
+
+    (The decoder's `new_cache` adds its own room for padding rows on top.)
+    """
+    return tokens + growth + SLACK
+
+
+def draft_room(max_len: int, length: int) -> int:
+    """Tokens a drafter may still draft into a cache of max_len slots once it holds `length` tokens."""
+    return max(0, max_len - length - DRAFT_MARGIN)
+
 
 class KVCache:
     """Keys and values for a batch of sequences with their own lengths.
@@ -131,22 +151,6 @@ class KVCache:
             values[dst, :, :n] = values[src, :, :n]
         lengths = self.lengths
         lengths[dst] = n
-        self.lengths = lengths
-
-    def compact(self, batch_index: int, start: int, keep: Tensor) -> None:
-        """Keep only the slots `start + keep[i]` of one sequence, moved to `start + i`.
-
-        Token trees write a whole tree after the prefix; once a path is accepted
-        its entries must become contiguous again. keep: [N] indices into the block.
-        The length becomes start + N.
-        """
-        src = start + keep.to(torch.long)
-        n = src.numel()
-        for keys, values in zip(self.keys, self.values):
-            keys[batch_index, :, start : start + n] = keys[batch_index, :, src]
-            values[batch_index, :, start : start + n] = values[batch_index, :, src]
-        lengths = self.lengths
-        lengths[batch_index] = start + n
         self.lengths = lengths
 
     def check_room(self, n: int) -> None:

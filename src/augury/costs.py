@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from augury.cache import slots_for
 from augury.calibration import machine_key
 from augury.models.decoder import weight_kinds
 from augury.models.loader import Model
@@ -107,7 +108,7 @@ def forward_curve(model: Model, context: int, rows: list[int], repeats: int = 5)
     decoder = model.decoder
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
-    cache = decoder.new_cache(1, context + max(rows) + 8)
+    cache = decoder.new_cache(1, slots_for(context, max(rows)))
     decoder.forward(torch.randint(0, vocab, (1, context), generator=gen), cache, logits_rows=slice(-1, None))
     out = {}
     for t in rows:

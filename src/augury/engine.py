@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from augury.cache import slots_for
 from augury.models.loader import Model
 from augury.planner import Planner
 from augury.proposers.base import Proposer
@@ -86,7 +87,7 @@ class Engine:
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Chunk]:
         """Yield text as tokens are committed; the last chunk carries the result."""
         request = Request(self.target, prompt_ids, params, self.proposer)
-        cache = self.target.decoder.new_cache(1, len(prompt_ids) + params.max_tokens + MAX_K + 8)
+        cache = self.target.decoder.new_cache(1, slots_for(len(prompt_ids), params.max_tokens))
         t_start = time.perf_counter()
         k_counts = [0] * (self.k + 1)  # steps the planner ran at each K
         try:

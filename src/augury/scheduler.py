@@ -136,7 +136,6 @@ class SchedulerStats:
     verify_s: float = 0.0
     prefill_s: float = 0.0
     last_k: int = 0
-    last_rows: int = 0
 
     @property
     def drafted(self) -> int:
@@ -365,7 +364,6 @@ class Scheduler:
         self.stats.draft_s += draft_s
         self.stats.verify_s += report.seconds
         self.stats.last_k = report.width - 1
-        self.stats.last_rows = len(running)
         for ticket, failure in finished:
             self._release(ticket, failure)
 

@@ -46,11 +46,6 @@ class VerifyResult:
     num_accepted: int  # drafted tokens accepted
     tokens: list[int]  # the accepted tokens, then one recovered or bonus token
 
-    @property
-    def all_accepted(self) -> bool:
-        """Every drafted token was accepted, so the last token is a bonus token."""
-        return self.num_accepted == self.num_drafted
-
 
 def accept_probability(p_target: Tensor, q_draft: Tensor | None, token: int) -> float:
     """min(1, p_target(x) / q_draft(x)) for one position. p_target, q_draft: [V]."""

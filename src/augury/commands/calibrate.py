@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from augury.cache import slots_for
 from augury.commands.common import add_model_args
 from augury.engine import Engine, check_k
 from augury.errors import AuguryError
@@ -94,7 +95,7 @@ class Trial:
 
 def _forward_timer(decoder: Decoder, context: list[int], rows: int) -> Callable[[], float]:
     """A function timing one forward of `rows` new tokens after `context` (the cache is rolled back after each)."""
-    cache = decoder.new_cache(1, len(context) + rows + 8)
+    cache = decoder.new_cache(1, slots_for(len(context), rows))
     decoder.forward(torch.tensor([context], device=decoder.device), cache)
     block = torch.tensor([(context * rows)[-rows:]], device=decoder.device)
 
@@ -155,7 +156,7 @@ def replay(matches: list[bool], k: int) -> tuple[int, int, int]:
 def teacher_forced_matches(decoder: Decoder, prompt: list[int], output: list[int]) -> list[bool]:
     """Whether `decoder` predicts each output token from the true prefix (one forward over the whole text)."""
     tokens = prompt + output[:-1]
-    cache = decoder.new_cache(1, len(tokens) + 8)
+    cache = decoder.new_cache(1, slots_for(len(tokens)))
     rows = torch.arange(len(prompt) - 1, len(tokens), device=decoder.device)
     logits = decoder.forward(torch.tensor([tokens], device=decoder.device), cache, logits_rows=rows)
     return (logits[0].argmax(-1).cpu() == torch.tensor(output)).tolist()

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from augury.cache import KVCache
+from augury.cache import KVCache, draft_room, slots_for
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers.base import Draft, ProposerBase, Sequence
@@ -153,7 +153,7 @@ class CrossTokenizerProposer(ProposerBase):
         context.update(seq.tokens)
         # No drafter token is shorter than a byte, and a target token rarely
         # becomes more than four drafter tokens.
-        size = len(context.text.encode()) + 4 * seq.params.max_tokens + 64
+        size = slots_for(len(context.text.encode()), 4 * seq.params.max_tokens)
         cache = self.model.decoder.new_cache(1, min(size, self.model.config.context_length))
         state = _CrossState(cache=cache, context=context)
         self.states[seq.id] = state
@@ -203,7 +203,7 @@ class CrossTokenizerProposer(ProposerBase):
             return Draft([])  # the committed text ends inside a character: nothing to continue from
         wanted = self._wanted(state)
         max_steps = 2 * k + 2  # drafter tokens are often shorter than the target's
-        if not wanted or len(wanted) + max_steps + 8 > state.cache.max_len:
+        if not wanted or max_steps > draft_room(state.cache.max_len, len(wanted)):
             return Draft([])
         logits = self._sync(state, wanted)
         drafted: list[int] = []

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from augury.cache import CacheGroup, KVCache
+from augury.cache import CacheGroup, KVCache, draft_room, slots_for
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers.base import Draft, ProposerBase, Sequence
@@ -99,7 +99,7 @@ class DraftModelProposer(ProposerBase):
             # at least half the longest block (so no empty block joins a non-empty one)
             group = [seq for seq in todo[:fits] if 2 * (len(seq.tokens) - 1) >= longest]
             todo = todo[len(group) :]
-            max_len = max(len(seq.tokens) + seq.params.max_tokens + 64 for seq in group)
+            max_len = max(slots_for(len(seq.tokens), seq.params.max_tokens) for seq in group)
             pool = self.decoder.new_cache(len(group), max_len)
             states = [_DraftState(cache=pool.rows(b, b + 1), fed=0, drafted=[]) for b in range(len(group))]
             self.states.update((seq.id, state) for seq, state in zip(group, states))
@@ -150,7 +150,7 @@ class DraftModelProposer(ProposerBase):
         """
         drafts = [Draft([]) for _ in seqs]
         states = [self.states[seq.id] for seq in seqs]
-        ks = [max(0, min(k, state.cache.max_len - len(seq.tokens) - 16)) for seq, state, k in zip(seqs, states, ks)]
+        ks = [min(k, draft_room(state.cache.max_len, len(seq.tokens))) for seq, state, k in zip(seqs, states, ks)]
         live = [i for i, k in enumerate(ks) if k > 0]
         if not live:
             return drafts

@@ -39,7 +39,6 @@ class HybridProposer(ProposerBase):
         self.needs_every_step = model.needs_every_step or matcher.needs_every_step
         self.hidden_layers = tuple(model.hidden_layers)
         self.min_match_tokens = min_match_tokens
-        self.proposed_by: dict[int, Proposer] = {}  # seq.id -> the part whose draft is being verified
         self.matcher_drafts = 0  # steps drafted by each part, for reporting
         self.model_drafts = 0
 
@@ -65,10 +64,8 @@ class HybridProposer(ProposerBase):
         fallback = []
         for i, (seq, k) in enumerate(zip(seqs, ks)):
             if k > 0 and len(drafts[i]) >= min(k, self.min_match_tokens):
-                self.proposed_by[seq.id] = self.matcher
                 self.matcher_drafts += 1
             elif k > 0:
-                self.proposed_by[seq.id] = self.model
                 self.model_drafts += 1
                 fallback.append(i)
         if fallback:
@@ -79,12 +76,10 @@ class HybridProposer(ProposerBase):
 
     def on_step(self, seq: Sequence, result: VerifyResult, hidden=None) -> None:
         """Both parts hear every step; each rolls back only what it drafted itself."""
-        self.proposed_by.pop(seq.id, None)
         self.matcher.on_step(seq, result, hidden)
         self.model.on_step(seq, result, hidden)
 
     def finish(self, seq: Sequence) -> None:
-        self.proposed_by.pop(seq.id, None)
         self.matcher.finish(seq)
         self.model.finish(seq)
 
