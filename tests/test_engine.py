@@ -122,8 +122,7 @@ def test_seeded_sampling_is_reproducible(target):
 def test_statistics_add_up(target):
     draft = tiny_model(vocab=VOCAB, seed=4, hidden=32)
     stats = Engine(target, DraftModelProposer(draft, VOCAB), k=4).generate(PROMPTS[0], SamplingParams(max_tokens=30)).stats
-    assert stats.generated_tokens == 30
-    assert stats.committed_in_steps == stats.accepted + stats.steps
+    assert stats.generated_tokens == 30 and stats.drafted > 0
     assert stats.generated_tokens == 1 + stats.committed_in_steps  # prefill gives the first token, no truncation here
     assert sum(stats.accepted_at) == stats.accepted and sum(stats.drafted_at) == stats.drafted
     assert stats.draft_forwards >= stats.drafted
@@ -200,7 +199,10 @@ def test_bf16_speculative_greedy_is_bitwise_plain():
     """Batch-invariant padding makes bf16 verification logits equal one-token steps, so outputs match."""
     model = tiny_model(vocab=VOCAB, seed=3, hidden=64, layers=2, dtype=torch.bfloat16)
     draft = tiny_model(vocab=VOCAB, seed=4, hidden=64, dtype=torch.bfloat16)
+    accepted = 0
     for prompt in PROMPTS:
         plain = Engine(model).generate(prompt, SamplingParams(max_tokens=40))
         spec = Engine(model, DraftModelProposer(draft, VOCAB), k=5).generate(prompt, SamplingParams(max_tokens=40))
         assert spec.token_ids == plain.token_ids
+        accepted += spec.stats.accepted
+    assert accepted > 0, "no draft was accepted: only the first row of each block was compared with plain decoding"

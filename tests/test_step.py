@@ -112,35 +112,6 @@ def test_batched_greedy_equals_plain_for_every_proposer_with_ragged_batches(case
     assert scheduler.stats.drafted > 0, f"{case.name} never drafted: the check proved nothing"
 
 
-# -- options belong to their method ---------------------------------------------------------------
-
-
-def test_an_option_the_method_does_not_read_is_an_error_naming_it(target):
-    with pytest.raises(AuguryError, match=r"--ngram-max is not an option of draft method 'suffix'"):
-        build_proposer("suffix", target, ngram_max=3)
-    with pytest.raises(AuguryError, match=r"--skip-layers is not an option of plain decoding"):
-        build_proposer("plain", target, skip_layers="1")
-    assert build_proposer("ngram", target, ngram_min=2, ngram_max=3).ngram_max == 3
-
-
-def test_cli_refuses_an_unused_option_with_one_line(capsys):
-    from augury.cli import main
-
-    code = main(["generate", "--draft-method", "ngram", "--draft-vocab", "100", "hello"])
-    err = capsys.readouterr().err
-    assert code == 2
-    assert "--draft-vocab is not an option of draft method 'ngram'" in err
-
-
-def test_bench_refuses_an_option_no_given_method_reads(tmp_path, capsys):
-    from augury.proposers.options import NgramOptions, SuffixOptions, split_options
-
-    split = split_options({"ngram_max": 3, "dtype": "fp32"}, {"ngram": NgramOptions, "suffix": SuffixOptions})
-    assert split == {"ngram": {"ngram_max": 3, "dtype": "fp32"}, "suffix": {"dtype": "fp32"}}
-    with pytest.raises(AuguryError, match="--skip-layers is not an option of any of the methods given"):
-        split_options({"skip_layers": "1"}, {"ngram": NgramOptions})
-
-
 # -- the KV cache's own API ---------------------------------------------------------------------
 
 
@@ -188,89 +159,6 @@ def test_a_tree_block_mask_with_explicit_positions_equals_each_branch_alone(targ
     ref_a = decoder.new_cache(1, 32)
     decoder.forward(prefix, ref_a)
     assert torch.equal(tree_logits[:, :3], decoder.forward(torch.tensor([[5, 6, 7]]), ref_a))
-
-
-# -- the measured padding -----------------------------------------------------------------------
-
-
-def test_calibration_finds_the_padding_that_avoids_a_row_dependent_kernel():
-    """A matmul that rounds differently below 4 rows (as a GEMV path does) is invariant only when
-    padded to at least 4; the calibration must find that, not assume it."""
-    from augury.calibration import calibrate
-
-    weight = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
-
-    def rowwise(x):  # every row through the same one-row product: invariant by construction
-        return torch.stack([weight @ row for row in x])
-
-    def quirky(x):
-        out = rowwise(x)
-        return out if x.shape[0] >= 4 else out + 1e-3  # another kernel, other bits
-
-    padding = calibrate([quirky], [8], torch.float32, max_rows=12)
-    assert padding.checked_rows == 12
-    assert padding.pad(1) >= 4 and all(padding.pad(r) >= 4 for r in range(1, 13))
-    plain = calibrate([rowwise], [8], torch.float32, max_rows=12)
-    assert plain.pad(1) == 1, "an invariant matmul needs no padding"
-
-
-def test_calibration_pads_only_the_row_counts_a_kernel_rounds_differently():
-    """Like oneDNN's packed bf16 weights on an AMX CPU: rows agree for 2-11 rows and for multiples
-    of 32, not alone and not for 12-31. The table must keep 2-11 as they are (no padding to 32 for
-    a 5-row verification), send 1 to 2 and 12-32 to 32, and split longer matmuls into pieces the
-    table covers, since no row multiple agrees with 2-11 past the table."""
-    from augury.calibration import calibrate
-
-    weight = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
-
-    def amx_like(x):
-        out = torch.stack([weight @ row for row in x])
-        n = x.shape[0]
-        return out if 2 <= n <= 11 or n % 32 == 0 else out + 1e-3
-
-    padding = calibrate([amx_like], [8], torch.float32, max_rows=40)
-    assert [padding.pad(r) for r in range(1, 12)] == [2] + list(range(2, 12)), padding
-    assert all(padding.pad(r) == 32 for r in range(12, 33)), padding
-    assert padding.checked_rows == 32 and padding.multiple == 0
-    assert padding.pieces(33) == [(32, 32), (1, 2)] and padding.pieces(100) == [(32, 32)] * 3 + [(4, 4)]
-    for r in range(1, 101):  # every piece really gives each row its bits alone
-        x = torch.randn(r, 8)
-        alone = torch.cat([amx_like(row.expand(padding.pad(1), -1))[:1] for row in x])
-        out, start = [], 0
-        for real, padded in padding.pieces(r):
-            piece = x[start : start + real]
-            out.append(amx_like(torch.cat([piece, piece[-1:].expand(padded - real, -1)]))[:real])
-            start += real
-        assert start == r and torch.equal(torch.cat(out), alone), r
-
-
-def test_a_padding_cached_in_another_format_is_measured_again(tmp_path):
-    import json
-
-    from augury.calibration import RowPadding, load_or_calibrate
-
-    path = tmp_path / "padding.json"
-    path.write_text(json.dumps({"key": "machine-a", "padding": {"multiple": 32, "minimum": 32, "checked_rows": 48}}))
-    measured = RowPadding((1, 2, 3), 4, 3)
-    assert load_or_calibrate(path, "machine-a", lambda: measured) == measured
-    assert load_or_calibrate(path, "machine-a", lambda: RowPadding()) == measured, "the new file is kept"
-
-
-def test_calibration_is_cached_with_the_model_and_measured_again_on_another_machine(tmp_path):
-    from augury.calibration import RowPadding, load_or_calibrate
-
-    path = tmp_path / "padding.json"
-    calls = []
-
-    def measure():
-        calls.append(1)
-        return RowPadding((16, 16, 17), 2, 3)
-
-    assert load_or_calibrate(path, "machine-a", measure) == RowPadding((16, 16, 17), 2, 3)
-    assert load_or_calibrate(path, "machine-a", measure) == RowPadding((16, 16, 17), 2, 3)
-    assert len(calls) == 1
-    load_or_calibrate(path, "machine-b", measure)
-    assert len(calls) == 2
 
 
 # -- logprobs and min_tokens through the step ---------------------------------------------------------
@@ -339,21 +227,6 @@ def test_rejection_sampling_stays_available_and_is_reported():
     assert SamplingParams().mode == "greedy" and SamplingParams(temperature=0.7, seed=1).mode == "coupled"
     with pytest.raises(AuguryError, match="coupling must be one of"):
         SamplingParams(coupling="gumbel")
-
-
-def test_the_planner_starts_from_the_measured_cost_curve():
-    """A profile's curve (forward ms by new tokens) is the planner's prior before it measured anything:
-    with verification that costs 3x one token at 5 tokens, a sequence alone is not drafted for at
-    a middling acceptance; with a flat curve it is."""
-    from augury.planner import DraftOdds, Planner, plan_step
-
-    odds = [DraftOdds.independent(0.5, 4)]
-    steep = Planner(4, batched=False, curve={1: 30.0, 2: 40.0, 4: 70.0, 5: 90.0})
-    flat = Planner(4, batched=False, curve={1: 30.0, 2: 30.5, 4: 31.0, 5: 31.5})
-    for planner in (steep, flat):
-        planner.costs.observe_draft(1, 4, 4 * 0.003)
-    assert plan_step(steep.costs, odds, [10], [None], 4, choices=(0, 4)) == [0]
-    assert plan_step(flat.costs, odds, [10], [None], 4, choices=(0, 4)) == [4]
 
 
 @pytest.mark.parametrize("driver", ["engine", "scheduler"])
