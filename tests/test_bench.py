@@ -6,10 +6,8 @@ under test, and tiny random models (tests/tiny.py) end to end.
 
 from __future__ import annotations
 
-import http.server
 import json
 import re
-import threading
 from functools import partial
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from augury.errors import AuguryError
 from augury.metrics import SpecStats
 from augury.proposers.draft_model import DraftModelProposer
 from augury.sampling import SamplingParams
+from tests.fake_openai import fake_openai
 from tests.tiny import CharTokenizer, decoder_from_hf, hf_model, save_hf, tiny_model
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -459,49 +458,15 @@ def test_hf_peers_greedy_match_augury_plain(tmp_path):
 # -- endpoint ------------------------------------------------------------------------------------
 
 
-class _FakeOpenAI(http.server.BaseHTTPRequestHandler):
-    """Streams 'one two three' as three SSE deltas, with a usage report."""
-
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        body = json.dumps({"data": [{"id": "served-x"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self):
-        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert request["stream"] and request["model"] == "served-x"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        for piece in ("one", " two", " three"):
-            chunk = {"choices": [{"delta": {"content": piece}, "finish_reason": None}]}
-            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        usage = {"completion_tokens": 3, "prompt_tokens": 7}
-        final = {"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": usage}
-        self.wfile.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
-
-
-@pytest.fixture
-def fake_server():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeOpenAI)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-def test_endpoint_run_measures_streamed_tokens(tmp_path, fake_server):
+def test_endpoint_run_measures_streamed_tokens(tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hi"}, {"prompt": "there"}])
     out = tmp_path / "out"
-    code = main(["bench", "--endpoint", fake_server, "--suite", str(data), "--out", str(out), "--no-progress"])
+    bodies: list = []
+    usage = {"usage": {"completion_tokens": 3, "prompt_tokens": 7}}
+    with fake_openai({"data": [{"id": "served-x"}]}, usage, bodies) as base:
+        code = main(["bench", "--endpoint", base, "--suite", str(data), "--out", str(out), "--no-progress"])
     assert code == 0
+    assert all(b["stream"] and b["model"] == "served-x" for b in bodies) and len(bodies) == 3  # warm-up, 2 prompts
     records = read_records(out / RECORDS)
     assert [(r["method"], r["tokens"], r["text"]) for r in records] == [("endpoint", 3, ["one two three"])] * 2
     assert 0 < records[0]["prefill_s"] <= records[0]["total_s"]

@@ -24,6 +24,7 @@ from augury.bench.records import RECORDS, read_records
 from augury.cli import main
 from augury.errors import AuguryError
 from augury.sampling import SamplingParams
+from tests.fake_openai import fake_openai
 
 ANSWER = "xyzXYZ!?" * 8  # one token per character in the tiny GGUF's vocabulary
 PREFILL_MS, EVAL_MS_PER_RUN, SAMPLING_MS = 200.0, 50.0, 1.5
@@ -371,48 +372,6 @@ def test_only_gguf_files_are_run(tmp_path):
 # -- `augury bench --endpoint` against llama-server -----------------------------------------------
 
 
-def _serve(handler):
-    import http.server
-    import threading
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def _fake_server(listing: dict, final_extras: dict, bodies: list):
-    """An OpenAI-style server that streams 'one two three'; the last chunk carries final_extras."""
-    import http.server
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            body = json.dumps(listing).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_POST(self):
-            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            for piece in ("one", " two", " three"):
-                chunk = {"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-            self.wfile.write(f"data: {json.dumps(end)}\n\n".encode())
-            if final_extras:
-                self.wfile.write(f"data: {json.dumps({'choices': [], **final_extras})}\n\n".encode())
-            self.wfile.write(b"data: [DONE]\n\n")
-
-    return Handler
-
-
 @pytest.mark.parametrize("server, expect", [
     # llama-server: owned_by llamacpp, OpenAI usage plus its own timings (draft counts when speculating)
     ({"listing": {"object": "list", "data": [{"id": "qwen.gguf", "object": "model", "owned_by": "llamacpp"}]},
@@ -431,14 +390,10 @@ def _fake_server(listing: dict, final_extras: dict, bodies: list):
 ])
 def test_endpoint_reads_llama_server_and_tolerates_missing_extensions(tmp_path, server, expect):
     bodies: list = []
-    http = _serve(_fake_server(server["listing"], server["final"], bodies))
-    try:
-        out = tmp_path / "out"
-        code = main(["bench", "--endpoint", f"http://127.0.0.1:{http.server_address[1]}",
-                     "--suite", str(_suite(tmp_path, ["hi"])), "--out", str(out), "--no-progress"])
-    finally:
-        http.shutdown()
-        http.server_close()
+    out = tmp_path / "out"
+    with fake_openai(server["listing"], server["final"], bodies) as base:
+        code = main(["bench", "--endpoint", base, "--suite", str(_suite(tmp_path, ["hi"])), "--out", str(out),
+                     "--no-progress"])
     assert code == 0
     [record] = read_records(out / RECORDS)
     assert [b["model"] for b in bodies] == [expect["model"]] * 2  # warm-up and the prompt
@@ -451,13 +406,9 @@ def test_endpoint_reads_llama_server_and_tolerates_missing_extensions(tmp_path, 
 def test_an_error_event_in_the_stream_is_one_line(tmp_path, capsys):
     listing = {"data": [{"id": "qwen.gguf", "owned_by": "llamacpp"}]}
     error = {"error": {"code": 400, "message": "the request exceeds the available context size"}}
-    http = _serve(_fake_server(listing, error, []))
-    try:
-        code = main(["bench", "--endpoint", f"http://127.0.0.1:{http.server_address[1]}", "--no-warmup",
-                     "--suite", str(_suite(tmp_path, ["hi"])), "--out", str(tmp_path / "out"), "--no-progress"])
-    finally:
-        http.shutdown()
-        http.server_close()
+    with fake_openai(listing, error) as base:
+        code = main(["bench", "--endpoint", base, "--no-warmup", "--suite", str(_suite(tmp_path, ["hi"])),
+                     "--out", str(tmp_path / "out"), "--no-progress"])
     assert code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("augury:")]
     assert err[-1].endswith("reported an error: the request exceeds the available context size"), err
