@@ -25,11 +25,19 @@ MAX_TOKENS_LIMIT = 1 << 20
 # acceptance cost against rejection sampling (docs/benchmarks.md, coupled sampling).
 COUPLED_BY_DEFAULT = True
 COUPLINGS = ("auto", "coupled", "rejection")
+# Temperatures below this are greedy (argmax) for every caller, the CLI and the server alike: that
+# close to 0 the distribution is argmax in all but name, and dividing logits by them overflows.
+GREEDY_BELOW = 1e-5
+
+
+def is_greedy(temperature: float) -> bool:
+    """The one rule for when a temperature means greedy decoding (see GREEDY_BELOW)."""
+    return temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """What the user asked for. temperature 0 means greedy (argmax)."""
+    """What the user asked for. A temperature below GREEDY_BELOW (0 included) means greedy (argmax)."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
@@ -57,7 +65,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return is_greedy(self.temperature)
 
     @property
     def coupled(self) -> bool:
@@ -200,7 +208,7 @@ def probabilities(
 ) -> Tensor:
     """The distribution to sample from, per row. logits: [N, V] -> probs [N, V] (fp32).
 
-    Greedy (temperature 0) gives a one-hot at the argmax, so verification can
+    Greedy (`is_greedy`: temperature 0 or nearly) gives a one-hot at the argmax, so verification can
     treat greedy and sampled decoding with one rule. The rows are the last N
     positions of output + drafted + one: the target's K + 1 rows after K
     drafted tokens, or a drafter's one row after the tokens it drafted so far.

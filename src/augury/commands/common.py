@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from augury.models.store import DEFAULT_TARGET
-from augury.sampling import SamplingParams
+from augury.sampling import GREEDY_BELOW, SamplingParams
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +70,8 @@ def given_draft_options(args: argparse.Namespace) -> dict[str, object]:
 
 def add_sampling_args(parser: argparse.ArgumentParser, *, max_tokens: int = 256) -> None:
     g = parser.add_argument_group("sampling")
-    g.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--temperature", "-t", type=float, default=0.0,
+                   help=f"0 (or below {GREEDY_BELOW:g}) = greedy (default)")
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max probability")

@@ -45,7 +45,7 @@ from augury.errors import AuguryError
 from augury.grammar import JsonObjectConstraint
 from augury.models.loader import Model
 from augury.models.tokenizer import Tokenizer
-from augury.sampling import SamplingParams
+from augury.sampling import SamplingParams, is_greedy
 from augury.scheduler import Admitted, Event, Failed, Finished, QueueFull, Scheduler, TextDelta, Ticket
 from augury.server import prometheus
 from augury.server.schemas import (
@@ -64,7 +64,6 @@ from augury.request import GenerationResult, TokenLogprob
 
 log = logging.getLogger("augury.server")
 
-GREEDY_BELOW = 1e-5  # temperatures this small are argmax in all but name; dividing by them overflows
 PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -307,7 +306,7 @@ def check_features(body: dict, chat: bool, eos_ids: frozenset[int]) -> None:
     if not chat and body.get("top_logprobs") is not None:
         raise ApiError(400, "'top_logprobs' is a chat completions field; /v1/completions takes 'logprobs': N "
                        f"(0 to {MAX_TOP_LOGPROBS} alternatives)", param="top_logprobs")
-    sampled = _number(body, "temperature", 1.0) >= GREEDY_BELOW
+    sampled = not is_greedy(_number(body, "temperature", 1.0))
     if body.get("coupling") == "coupled" and sampled and body.get("seed") is None:
         raise ApiError(400, "'coupling': 'coupled' needs a 'seed' (it fixes the noise each token is drawn with)",
                        param="coupling")
@@ -325,9 +324,6 @@ def check_features(body: dict, chat: bool, eos_ids: frozenset[int]) -> None:
 
 def _sampling_params(body: dict, max_tokens: int, eos_ids: frozenset[int], chat: bool,
                      constraint: JsonObjectConstraint | None = None) -> SamplingParams:
-    temperature = _number(body, "temperature", 1.0)
-    if temperature < GREEDY_BELOW:
-        temperature = 0.0
     stop = body.get("stop")
     stop = () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
     top_k = body.get("top_k")
@@ -337,7 +333,7 @@ def _sampling_params(body: dict, max_tokens: int, eos_ids: frozenset[int], chat:
         raise ApiError(400, f"'min_tokens' ({min_tokens}) is more than max_tokens ({max_tokens})", param="min_tokens")
     try:
         return SamplingParams(
-            temperature=temperature,
+            temperature=_number(body, "temperature", 1.0),
             top_k=0 if top_k is None or top_k < 0 else top_k,
             top_p=_number(body, "top_p", 1.0),
             min_p=_number(body, "min_p", 0.0),

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from augury.sampling import GREEDY_BELOW
+
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
@@ -73,7 +75,7 @@ def sampling_properties(limits: Limits) -> dict[str, dict]:
         },
         "temperature": {
             "type": ["number", "null"], "minimum": 0, "maximum": MAX_TEMPERATURE,
-            "description": "0 = greedy; values below 1e-5 are treated as greedy",
+            "description": f"0 = greedy; values below {GREEDY_BELOW:g} are treated as greedy",
         },
         "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
         "top_k": {"type": ["integer", "null"], "minimum": -1, "maximum": 2**31 - 1, "description": "0 or -1 = off"},
