@@ -20,16 +20,13 @@ from augury.bench.load import (
     LevelResult,
     LoadReport,
     RequestResult,
-    ServerMemory,
-    ServerProcess,
-    check_port_free,
     parse_concurrency,
     prompt_index,
     prompts_at,
-    resident_gb,
     rounds_at,
     run_load,
 )
+from augury.bench.server_process import ServerMemory, ServerProcess, check_port_free, resident_gb
 from augury.cli import main
 from augury.errors import AuguryError
 from augury.sampling import SamplingParams

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from augury.bench.peers import (
+from augury.bench.llama_cpp import (
     LlamaCppContender,
     completion_answer,
     parse_completion_timings,
-    parse_peers,
     parse_speculative_timings,
     speculative_answer,
 )
+from augury.bench.peers import parse_peers
 from augury.bench.records import RECORDS, read_records
 from augury.cli import main
 from augury.errors import AuguryError

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from augury.bench.forward import ForwardProfile, ProfileReport
-from augury.bench.peers import llama_bench_ms, parse_llama_bench
+from augury.bench.llama_cpp import llama_bench_ms, parse_llama_bench
 from augury.calibration import RowPadding
 from augury.cli import main
 from augury.costs import costs_path, forward_curve, load_cost_curve, save_cost_curve

@@ -38,14 +38,8 @@ so the concurrency-1 texts of the two servers are compared with each other too.
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,6 +47,7 @@ from pathlib import Path
 from augury.bench.endpoint import EndpointContender
 from augury.bench.records import Messages
 from augury.bench.report import Table
+from augury.bench.server_process import ServerMemory, ServerProcess, check_port_free, free_port, resident_gb, serve_argv
 from augury.errors import AuguryError
 from augury.sampling import SamplingParams
 
@@ -61,7 +56,6 @@ SPEC_ON = "on"
 LABELS = {SPEC_OFF: "spec off", SPEC_ON: "spec on"}
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 GOAL_RATIO_AT_1 = 1.5  # the issue's goal: speculation at least 1.5x plain for a single client
-STDERR_TAIL_LINES = 4
 
 
 # -- input ------------------------------------------------------------------------------------------
@@ -194,7 +188,7 @@ class LoadReport:
     references: dict[str, dict[int, str]]  # server -> prompt -> its text at concurrency 1
     prompt_ids: list[str] = field(default_factory=list)
     settings: dict = field(default_factory=dict)
-    memory: dict[str, "ServerMemory"] = field(default_factory=dict)  # server -> its resident sizes
+    memory: dict[str, ServerMemory] = field(default_factory=dict)  # server -> its resident sizes
 
     def runs(self, server: str, concurrency: int) -> list[LevelResult]:
         """The repeats of one level on one server, in the order they ran."""
@@ -425,115 +419,6 @@ def run_load(
 
 
 # -- the servers ------------------------------------------------------------------------------------
-
-
-@dataclass
-class ServerMemory:
-    """A server's resident memory in GB: when it was ready, its peak, and once the load had ended."""
-
-    ready: float
-    peak: float
-    after: float
-
-    def describe(self) -> str:
-        return (f"{self.ready:.2f} GB resident when ready, peak {self.peak:.2f} GB, "
-                f"{self.after:.2f} GB after the load ({self.after - self.ready:+.2f} GB)")
-
-
-def resident_gb(pid: int) -> tuple[float, float] | None:
-    """(current, peak) resident set of a process in GB from /proc (None where there is no /proc)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            fields = dict(line.split(":", 1) for line in status if ":" in line)
-    except OSError:
-        return None
-    kib = [int(fields[name].split()[0]) for name in ("VmRSS", "VmHWM") if name in fields]
-    return (kib[0] / 1024**2, kib[1] / 1024**2) if len(kib) == 2 else None
-
-
-def check_port_free(port: int, host: str = "127.0.0.1") -> None:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise AuguryError(f"port {port} on {host} is in use ({exc.strerror})") from None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """An ephemeral port the OS considers free right now (the server binds it a moment later)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """A server subprocess: started, waited for on /health, stopped (terminate, then kill).
-
-    Its stderr goes to a temporary file rather than a pipe, so a chatty server
-    can never block on a full pipe, and the tail is there to show if it fails.
-    """
-
-    def __init__(self, label: str, argv: list[str], port: int, host: str = "127.0.0.1") -> None:
-        self.label = label
-        self.argv = argv
-        self.base = f"http://{host}:{port}"
-        self.proc: subprocess.Popen | None = None
-        self._stderr = None
-
-    def start(self) -> None:
-        self._stderr = tempfile.TemporaryFile(mode="w+b")
-        # A session of its own: Ctrl-C reaches only this process, which then stops the server in order.
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=self._stderr, start_new_session=True)
-
-    def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
-        if self._stderr is None:
-            return ""
-        self._stderr.seek(0)
-        text = self._stderr.read().decode("utf-8", errors="replace")
-        kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
-        return " | ".join(kept) if kept else "(nothing on stderr)"
-
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.base + "/health", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
-
-    def wait_ready(self, timeout: float) -> None:
-        """Return once /health answers; AuguryError (with the stderr tail) if it exits or takes too long."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            code = self.proc.poll()
-            if code is not None:
-                raise AuguryError(f"the {self.label} server exited with code {code} before it was ready; "
-                                  f"its stderr ends: {self.stderr_tail()}")
-            if self._healthy():
-                return
-            if time.monotonic() > deadline:
-                raise AuguryError(f"the {self.label} server did not answer {self.base}/health within {timeout:g}s; "
-                                  f"its stderr ends: {self.stderr_tail()}")
-            time.sleep(0.25)
-
-    def stop(self, grace: float = 15.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
-
-
-def serve_argv(serve_args: list[str], port: int, draft_method: str) -> list[str]:
-    """The command line of one `augury serve` subprocess (this interpreter, this augury)."""
-    return [sys.executable, "-m", "augury.cli", "serve", *serve_args, "--draft-method", draft_method,
-            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--queue-timeout", "0"]
 
 
 def run_with_servers(

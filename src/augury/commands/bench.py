@@ -123,7 +123,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     # Everything a user can get wrong is checked before any model loads or any file is written.
     from augury.bench.endpoint import EndpointContender
-    from augury.bench.peers import PEERS_WITH_DRAFT, check_llama_cpp, parse_peers
+    from augury.bench.llama_cpp import check_llama_cpp
+    from augury.bench.peers import PEERS_WITH_DRAFT, parse_peers
     from augury.bench.suites import load_suite
     from augury.engine import check_k
 

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from augury.bench.forward import ProfileReport, profile, read_bandwidth_gbs
-    from augury.bench.peers import gguf_file, llama_bench_ms, llama_cpp_binary
+    from augury.bench.llama_cpp import gguf_file, llama_bench_ms, llama_cpp_binary
     from augury.costs import save_cost_curve
     from augury.models.decoder import weight_kinds
     from augury.models.loader import load_model
