@@ -43,16 +43,17 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class ChatCharTokenizer(CharTokenizer):
-    """The tiny models' tokenizer, with a chat template and a clean refusal of unknown characters."""
+    """The tiny models' tokenizer with a clean refusal of unknown characters.
+
+    Its chat side is the real `Tokenizer`'s interface (`encode_chat`, from
+    CharTokenizer), so the server tokenizes it exactly as it does a real one.
+    """
 
     def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
         unknown = sorted(set(text) - self.vocab.keys())
         if unknown:
             raise AuguryError(f"characters outside the tiny vocabulary: {''.join(unknown[:5])!r}")
         return super().encode(text)
-
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        return "".join(f"{m['role'][0].upper()} {m['content']}." for m in messages) + (" A " if add_generation_prompt else "")
 
 
 def tiny_pair():

@@ -36,7 +36,7 @@ import uvicorn
 from starlette.applications import Starlette
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from augury.server.app import ServerState
+from augury.server.state import ServerState
 
 HEAD_TIMEOUT_BODY = json.dumps({"error": {
     "message": "the request head did not arrive in time", "type": "invalid_request_error", "param": None,
