@@ -1,9 +1,9 @@
-"""One readable decoder-only transformer for qwen2, llama and gemma3.
+"""One readable decoder-only transformer for every family in families.py (llama, qwen2/3, phi3, gemma2/3).
 
-The three architectures differ only in a handful of switches (biases on q/k/v,
-q/k norms, extra norms after attention and MLP, embedding scale, activation,
-sliding-window layers), so they share one code path configured by
-`ModelConfig`, never by model names.
+The families differ only in a handful of switches (biases on q/k/v, q/k
+norms, extra norms after attention and MLP, embedding scale, activation,
+sliding-window layers, RoPE frequency scaling, soft-capped logits), so they
+share one code path configured by `ModelConfig`, never by model names.
 
 Every forward takes a block of T new tokens per sequence with explicit
 positions and an optional block mask, appends their K/V to the cache and
@@ -33,7 +33,12 @@ from torch import Tensor
 
 from augury.cache import CacheGroup, KVCache
 from augury.calibration import NO_PADDING, RowPadding, calibrate
+from augury.models.attention import RopeTable, attend, attention_mask, rotate, row_key_sets, softcap
 from augury.models.native_layers import NativeStack
+from augury.models.onednn import OneDnnWeight, onednn_packing_available
+
+# Moved to attention.py and onednn.py, and still imported from here.
+__all__ = ["OneDnnWeight", "RopeTable", "attention_mask", "onednn_packing_available", "rotate", "row_key_sets"]
 
 
 @dataclass(frozen=True)
@@ -52,22 +57,31 @@ class ModelConfig:
     rope_theta: float = 10000.0
     context_length: int = 4096
     qkv_bias: bool = False  # qwen2
-    qk_norm: bool = False  # gemma3: RMSNorm over each head of q and k
-    post_norms: bool = False  # gemma3: norms after attention and after the MLP
-    embed_scale: float = 1.0  # gemma3: sqrt(hidden_size)
+    qk_norm: bool = False  # qwen3, gemma3: RMSNorm over each head of q and k
+    post_norms: bool = False  # gemma2/3: norms after attention and after the MLP
+    embed_scale: float = 1.0  # gemma: sqrt(hidden_size)
     activation: str = "silu"  # "silu" or "gelu_tanh"
     tie_embeddings: bool = False
-    # Sliding-window attention (gemma3): layers whose index % sliding_pattern !=
-    # sliding_pattern - 1 attend to the last `sliding_window` positions only and
-    # use their own rope base.
+    # Sliding-window attention: with sliding_pattern p > 0 (gemma), layers whose
+    # index % p != p - 1 attend to the last `sliding_window` positions only and
+    # use the local rope base; with p = 0 every layer slides (mistral, phi-3).
     sliding_window: int | None = None
     sliding_pattern: int = 0
     rope_theta_local: float | None = None
+    rope_freq_factors: tuple[float, ...] | None = None  # [head_dim / 2] divisors of the global rope's frequencies
     query_scale: float | None = None  # defaults to head_dim ** -0.5
+    attn_softcap: float | None = None  # gemma2: scores -> cap * tanh(scores / cap) before the softmax
+    final_softcap: float | None = None  # gemma2: the same on the output logits
+
+    def __post_init__(self) -> None:  # a cached config.json reads the factors back as a list
+        if isinstance(self.rope_freq_factors, list):
+            object.__setattr__(self, "rope_freq_factors", tuple(self.rope_freq_factors))
 
     def is_sliding(self, layer: int) -> bool:
-        if not self.sliding_window or not self.sliding_pattern:
+        if not self.sliding_window:
             return False
+        if not self.sliding_pattern:
+            return True
         return layer % self.sliding_pattern != self.sliding_pattern - 1
 
     def to_dict(self) -> dict:
@@ -107,68 +121,6 @@ class Weights:
     final_norm: Tensor  # [hidden]
     lm_head: Tensor  # [V, hidden]; the same tensor as embed when tied
     layers: list[LayerWeights] = field(default_factory=list)
-
-
-class OneDnnWeight:
-    """A bf16 [out, in] weight reordered once into oneDNN's blocked layout for fast small-row matmuls.
-
-    Why: torch's plain `F.linear` on bf16 reaches only 20-29 GB/s of weight
-    reads for the 1-32 row matmuls of decoding and verification on the 2-core
-    development CPU (AVX-512 BF16, no AMX), while oneDNN's prepacked brgemm
-    kernel reads the same bytes at 45-70 GB/s: a decode step of the 1.5B target
-    went from 143 ms to 82 ms. The packed kernel is also batch invariant over every row count >= 2
-    (measured up to 600 rows; `F.linear` only up to 32) and gives bitwise the
-    rows `F.linear` gives for two rows, so plain decoding, verification blocks
-    and server batches of any size agree bitwise.
-
-    The dense weight is not kept (it would double memory); `dense()` rebuilds it
-    exactly (multiplying the identity by bf16 weights and accumulating in fp32 is
-    exact) for the rare users: quantizing a drafter, building a transformers
-    peer, slicing an output head. `shared_dense` keeps a tensor that is stored
-    anyway (tied embeddings) so those need no rebuild.
-    """
-
-    def __init__(self, weight: Tensor, *, shared_dense: Tensor | None = None) -> None:
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
-        self.shape = weight.shape  # [out, in]
-        self.dtype = weight.dtype
-        self.shared_dense = shared_dense
-
-    def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        """x: [..., in] -> [..., out]."""
-        flat = x.reshape(-1, self.shape[1]).contiguous()
-        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, bias, "none", [], "")
-        return out.view(*x.shape[:-1], self.shape[0])
-
-    def dense(self) -> Tensor:
-        """The [out, in] weight, bitwise."""
-        if self.shared_dense is not None:
-            return self.shared_dense
-        eye = torch.eye(self.shape[1], dtype=self.dtype)
-        return self.linear(eye, None).t().contiguous()
-
-    def __getitem__(self, rows: slice) -> "OneDnnWeight":
-        """The given rows of the weight (a drafter's truncated output head), packed anew."""
-        part = self.dense()[rows]
-        return OneDnnWeight(part, shared_dense=part if self.shared_dense is not None else None)
-
-    @property
-    def nbytes(self) -> int:
-        return self.shape[0] * self.shape[1] * self.dtype.itemsize
-
-
-def onednn_packing_available(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether oneDNN's prepacked bf16 linear runs here and matches `F.linear` bitwise (checked on a small case)."""
-    if dtype != torch.bfloat16 or device.type != "cpu" or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-        return False
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(48, 64, generator=gen).to(dtype)
-    x = torch.randn(2, 64, generator=gen).to(dtype)
-    try:
-        out = OneDnnWeight(weight).linear(x, None)
-    except (RuntimeError, NotImplementedError):
-        return False
-    return torch.equal(out, F.linear(x, weight))
 
 
 def dense_weight(weight: Tensor | PackedWeight) -> Tensor:
@@ -213,34 +165,6 @@ def linear(x: Tensor, weight: Tensor | PackedWeight, bias: Tensor | None = None)
     return weight.linear(x, bias)
 
 
-def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary embedding, half-split layout. x: [B, H, T, D]; cos, sin: [B, 1, T, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-class RopeTable:
-    """cos/sin for positions 0..n-1, grown on demand, in the model dtype."""
-
-    def __init__(self, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device) -> None:
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
-        self.dtype = dtype
-        self.cos = torch.empty(0, head_dim, dtype=dtype, device=device)
-        self.sin = self.cos
-
-    def lookup(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """positions: [B, T] -> cos, sin: [B, 1, T, D]."""
-        needed = int(positions.max()) + 1
-        if needed > self.cos.shape[0]:
-            size = max(needed, 2 * self.cos.shape[0], 256)
-            t = torch.arange(size, dtype=torch.float32, device=self.inv_freq.device)
-            freqs = torch.outer(t, self.inv_freq)
-            angles = torch.cat((freqs, freqs), dim=-1)
-            self.cos, self.sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-
 class Decoder:
     """A decoder-only transformer over preloaded weights.
 
@@ -271,7 +195,8 @@ class Decoder:
         elif padding is None:
             padding = measure_padding(weights, self.dtype)
         self.padding = padding
-        self.rope_global = RopeTable(config.head_dim, config.rope_theta, self.dtype, self.device)
+        factors = config.rope_freq_factors  # llama3 / linear RoPE scaling
+        self.rope_global = RopeTable(config.head_dim, config.rope_theta, self.dtype, self.device, factors)
         self.rope_local = (
             RopeTable(config.head_dim, config.rope_theta_local, self.dtype, self.device)
             if config.rope_theta_local is not None
@@ -387,8 +312,8 @@ class Decoder:
         return out.view(*x.shape[:-1], out.shape[-1])
 
     def _project(self, rows: Tensor, padding: RowPadding | None = None) -> Tensor:
-        """Final hidden rows [B, R, hidden] -> fp32 logits [B, R, V]."""
-        return self._linear(rows, self.weights.lm_head, padding=padding).float()
+        """Final hidden rows [B, R, hidden] -> fp32 logits [B, R, V] (soft-capped where the model says so)."""
+        return softcap(self._linear(rows, self.weights.lm_head, padding=padding).float(), self.config.final_softcap)
 
     def _run_layers(
         self,
@@ -463,13 +388,13 @@ class Decoder:
         h: Tensor,
         cache: KVCache,
         rope: tuple[Tensor, Tensor],
-        attend: Tensor | list,
+        mask: Tensor | list,
         total: int,
         padding: RowPadding | None = None,
     ) -> Tensor:
         """h: [B, T, hidden] -> [B, T, hidden]; writes this block's K/V for layer `index`.
 
-        attend: a [B, 1, T, S] mask (batched path) or per-row key sets from
+        mask: a [B, 1, T, S] mask (batched path) or per-row key sets from
         `row_key_sets` (row path).
         """
         c = self.config
@@ -485,17 +410,15 @@ class Decoder:
         cos, sin = rope
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         cache.write(index, k, v)
-        if isinstance(attend, Tensor):
+        if isinstance(mask, Tensor):
             keys, values = cache.view(index, total)
-            out = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=attend, scale=self.scale, enable_gqa=c.num_heads != c.num_kv_heads
-            )
+            out = attend(q, keys, values, mask, self.scale, c.attn_softcap)
             out = out.transpose(1, 2).reshape(batch, t, q_size)
         else:
-            out = self._attend_rows(index, q, cache, attend).view(batch, t, q_size)
+            out = self._attend_rows(index, q, cache, mask).view(batch, t, q_size)
         return self._linear(out, layer.wo, padding=padding)
 
-    def _attend_rows(self, index: int, q: Tensor, cache: KVCache, attend: list) -> Tensor:
+    def _attend_rows(self, index: int, q: Tensor, cache: KVCache, key_sets: list) -> Tensor:
         """Attention one query row at a time. q: [B, H, T, D] -> [B * T, H_kv, H / H_kv, D], rows in (b, i) order.
 
         The query heads that share a KV head are folded into the row axis
@@ -508,12 +431,10 @@ class Decoder:
         group = c.num_heads // c.num_kv_heads
         rows = []
         kv = [cache.row_kv(index, b) for b in range(q.shape[0])]
-        for b, i, keys_at in attend:
+        for b, i, keys_at in key_sets:
             keys_b, values_b = kv[b]
             row = q[b : b + 1, :, i].reshape(1, c.num_kv_heads, group, c.head_dim)
-            rows.append(
-                F.scaled_dot_product_attention(row, keys_b[:, :, keys_at], values_b[:, :, keys_at], scale=self.scale)
-            )
+            rows.append(attend(row, keys_b[:, :, keys_at], values_b[:, :, keys_at], None, self.scale, c.attn_softcap))
         return torch.cat(rows)
 
     def _mlp(self, layer: LayerWeights, h: Tensor, padding: RowPadding | None = None) -> Tensor:
@@ -577,71 +498,3 @@ def _measure_padding_once(same: _SameShapes, dtype: torch.dtype) -> RowPadding:
     mats.append(head[: min(4096, head.shape[0])])
     linears = [lambda x, w=w: linear(x, w) for w in mats]
     return calibrate(linears, [w.shape[1] for w in mats], dtype)
-
-
-def row_key_sets(
-    lengths: list[int],
-    positions: Tensor,
-    block_mask: Tensor | None,
-    *,
-    window: int | None,
-) -> list[tuple[int, int, slice | Tensor]]:
-    """For each block row: (sequence, row, the cache slots it attends to).
-
-    A chain row sees a contiguous slot range (a slice: no copy); a tree row sees
-    the prefix plus its ancestors (an index tensor). Slot j of the prefix holds
-    position j, so the sliding window is applied on slots for the prefix.
-    """
-    batch, t = positions.shape
-    rows = []
-    for b, start in enumerate(lengths):
-        for i in range(t):
-            if block_mask is None:
-                end = start + i + 1
-                lo = 0 if window is None else max(0, int(positions[b, i]) + 1 - window)
-                rows.append((b, i, slice(min(lo, end - 1), end)))
-                continue
-            row_mask = block_mask[b, i] if block_mask.dim() == 3 else block_mask[i]
-            block_slots = start + torch.nonzero(row_mask[:t]).flatten()
-            key_pos = torch.cat([torch.arange(start), positions[b, row_mask[:t]]])
-            slots = torch.cat([torch.arange(start), block_slots])
-            if window is not None:
-                slots = slots[int(positions[b, i]) - key_pos < window]
-            rows.append((b, i, slots))
-    return rows
-
-
-def attention_mask(
-    lengths: list[int],
-    positions: Tensor,
-    total: int,
-    block_mask: Tensor | None,
-    *,
-    window: int | None,
-) -> Tensor:
-    """Boolean mask [B, 1, T, total]: which cache slots each new token attends to.
-
-    lengths: cached prefix length per sequence (before this block).
-    positions: [B, T] positions of the block tokens, written at slots
-        lengths[b] .. lengths[b] + T - 1.
-    block_mask: [B, T, T] / [T, T] visibility inside the block (default causal).
-    window: sliding-window size; a key is visible only if q_pos - k_pos < window.
-    """
-    batch, t = positions.shape
-    device = positions.device
-    slot = torch.arange(total, device=device)  # [S]
-    start = torch.tensor(lengths, device=device).unsqueeze(1)  # [B, 1]
-    in_prefix = slot < start  # [B, S]
-    block_index = slot - start  # [B, S]
-    in_block = (block_index >= 0) & (block_index < t)
-    block_index = block_index.clamp(0, t - 1)
-    if block_mask is None:
-        block_mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    block_mask = block_mask.expand(batch, t, t)
-    sees_block = torch.gather(block_mask, 2, block_index.unsqueeze(1).expand(batch, t, total))
-    visible = in_prefix.unsqueeze(1) | (sees_block & in_block.unsqueeze(1))  # [B, T, S]
-    if window is not None:
-        key_pos = torch.where(in_block, torch.gather(positions, 1, block_index), slot)
-        visible = visible & ((positions.unsqueeze(2) - key_pos.unsqueeze(1)) < window)
-    return visible.unsqueeze(1)
-

@@ -8,7 +8,6 @@ weights as full multipliers) and the loader caches the result.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,26 +16,12 @@ import torch
 
 from augury.errors import AuguryError
 from augury.models.decoder import ModelConfig
+from augury.models.families import Family, embed_scale, family, rope_factors, sliding_from_layer_types
 
 # Quantization types we dequantize (through the gguf package's reference code).
 SUPPORTED_QUANTS = frozenset(
     {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 )
-
-# Per-architecture switches that GGUF metadata does not spell out (llama.cpp
-# hard-codes them per architecture too).
-ARCH_SWITCHES: dict[str, dict] = {
-    "llama": {},
-    "qwen2": {"qkv_bias": True},
-    "gemma3": {
-        "qk_norm": True,
-        "post_norms": True,
-        "activation": "gelu_tanh",
-        "sliding_pattern": 6,
-        "rope_theta_local": 10000.0,
-    },
-}
-
 
 def open_gguf(path: Path):
     """A GGUFReader, or an AuguryError naming the file if it is not a readable GGUF."""
@@ -64,12 +49,9 @@ def _field(reader, key: str, default=None):
 
 
 def read_config(reader, path: Path) -> ModelConfig:
-    """ModelConfig from GGUF metadata; unsupported architectures are refused by name."""
+    """ModelConfig from GGUF metadata (and the rope_freqs tensor); unsupported architectures are refused by name."""
     arch = _field(reader, "general.architecture")
-    if arch not in ARCH_SWITCHES:
-        raise AuguryError(
-            f"{path}: unsupported architecture '{arch}' (supported: {', '.join(sorted(ARCH_SWITCHES))})"
-        )
+    fam = family(arch, f"{path}: ")
 
     def need(key: str):
         value = _field(reader, f"{arch}.{key}")
@@ -77,30 +59,59 @@ def read_config(reader, path: Path) -> ModelConfig:
             raise AuguryError(f"{path}: GGUF metadata lacks {arch}.{key}")
         return value
 
+    def maybe(key: str, default=None):
+        return _field(reader, f"{arch}.{key}", default)
+
     hidden = int(need("embedding_length"))
     heads = int(need("attention.head_count"))
+    head_dim = int(maybe("attention.key_length", hidden // heads))
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = len(tokens.data) if tokens is not None else int(need("vocab_size"))
-    switches = dict(ARCH_SWITCHES[arch])
-    if arch == "gemma3":
-        switches["embed_scale"] = math.sqrt(hidden)
-        switches["sliding_window"] = int(_field(reader, f"{arch}.attention.sliding_window", 512))
-    names = {t.name for t in reader.tensors}
-    return ModelConfig(
+    switches = dict(fam.switches)
+    window = maybe("attention.sliding_window", fam.default_window)
+    if window:
+        switches.update(sliding_window=int(window), sliding_pattern=fam.sliding_pattern)
+    theta = float(maybe("rope.freq_base", 10000.0))
+    rotary = int(maybe("rope.dimension_count", head_dim))
+    if rotary != head_dim:
+        raise AuguryError(f"{path}: partial rotary embeddings ({rotary} of {head_dim} dims) are not supported")
+    tensors = {t.name: t for t in reader.tensors}
+    if "rope_factors_long.weight" in tensors:
+        rope_factors("longrope", head_dim, theta, {}, f"{path}: ")  # refuses, naming it
+    if "rope_freqs.weight" in tensors:  # llama3 scaling, as llama.cpp's converter stores it: one divisor per frequency
+        factors = tuple(float(f) for f in _dequantized(tensors["rope_freqs.weight"], None, path).flatten())
+    else:
+        kind = str(maybe("rope.scaling.type", "none"))
+        factors = rope_factors(kind, head_dim, theta, {"factor": maybe("rope.scaling.factor", 1.0)}, f"{path}: ")
+    pattern = maybe("attention.sliding_window_pattern")
+    if window and isinstance(pattern, list):  # newer files list which layers slide
+        layer_types = ["sliding_attention" if slides else "full_attention" for slides in pattern]
+        switches["sliding_pattern"] = sliding_from_layer_types(layer_types, f"{path}: ") or 0
+    optional = {
+        "query_scale": maybe("attention.scale"),
+        "attn_softcap": maybe("attn_logit_softcapping"),
+        "final_softcap": maybe("final_logit_softcapping"),
+    }
+    config = ModelConfig(
         arch=arch,
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=int(need("feed_forward_length")),
         num_layers=int(need("block_count")),
         num_heads=heads,
-        num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
+        num_kv_heads=int(maybe("attention.head_count_kv", heads)),
+        head_dim=head_dim,
         rms_eps=float(need("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rope_theta=theta,
         context_length=int(need("context_length")),
-        tie_embeddings="output.weight" not in names,
+        tie_embeddings="output.weight" not in tensors,
+        embed_scale=embed_scale(fam, hidden),
+        rope_freq_factors=factors,
+        **{name: float(value) for name, value in optional.items() if value},
         **switches,
     )
+    _check_tensors(reader, config, path)  # before any weight is read (or a progress bar drawn)
+    return config
 
 
 def read_tokenizer(path: Path):
@@ -137,8 +148,52 @@ def _unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, half, 2, *rest).transpose(1, 2).reshape(rows, *rest)
 
 
-def _check_types(reader, path: Path) -> None:
-    """An AuguryError naming the first tensor whose quantization type augury cannot read at all."""
+def linear_parts(fam: Family) -> dict[str, tuple[str, ...]]:
+    """augury's fused matmul weights and the GGUF tensors stacked (on the output axis) into each.
+
+    Phi-3's files hold q/k/v as one `attn_qkv` and gate/up as one `ffn_up` of
+    2 I rows (gate first), already the fused layout; the others stack parts.
+    """
+    return {
+        "wqkv": ("attn_qkv",) if fam.fused_qkv else ("attn_q", "attn_k", "attn_v"),
+        "wo": ("attn_output",),
+        "w_gate_up": ("ffn_up",) if fam.fused_gate_up else ("ffn_gate", "ffn_up"),
+        "w_down": ("ffn_down",),
+    }
+
+
+# augury's per-layer norms and their GGUF tensor names.
+GGUF_NORMS = {
+    "attn_norm": "attn_norm.weight",
+    "mlp_norm": "ffn_norm.weight",
+    "q_norm": "attn_q_norm.weight",
+    "k_norm": "attn_k_norm.weight",
+    "post_attn_norm": "post_attention_norm.weight",
+    "post_mlp_norm": "post_ffw_norm.weight",
+}
+
+
+def required_tensors(config: ModelConfig) -> list[str]:
+    """Every tensor a GGUF of this config must hold (the rest, such as rope_freqs, are optional)."""
+    fam = family(config.arch)
+    names = ["token_embd.weight", "output_norm.weight"] + ([] if config.tie_embeddings else ["output.weight"])
+    norms = ["attn_norm", "mlp_norm"] + ["q_norm", "k_norm"] * config.qk_norm
+    norms += ["post_attn_norm", "post_mlp_norm"] * config.post_norms
+    for i in range(config.num_layers):
+        p = f"blk.{i}."
+        names += [p + part + ".weight" for parts in linear_parts(fam).values() for part in parts]
+        names += [p + GGUF_NORMS[n] for n in norms]
+        names += [p + f"attn_{n}.bias" for n in "qkv"] * config.qkv_bias
+    return names
+
+
+def _check_tensors(reader, config: ModelConfig, path: Path) -> None:
+    """One AuguryError naming the first tensor augury needs but the file lacks, or cannot read at all."""
+    present = {t.name for t in reader.tensors}
+    missing = [name for name in required_tensors(config) if name not in present]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise AuguryError(f"{path}: tensor {missing[0]}{more} is missing, which a {config.arch} model needs")
     for t in reader.tensors:
         if t.tensor_type.name not in SUPPORTED_QUANTS:
             raise AuguryError(
@@ -147,9 +202,9 @@ def _check_types(reader, path: Path) -> None:
             )
 
 
-def _rotary_heads(name: str, config: ModelConfig) -> int | None:
-    """For llama's q/k tensors, the head count whose rotary row permutation must be undone; else None."""
-    if config.arch != "llama":
+def _rotary_heads(name: str, config: ModelConfig | None) -> int | None:
+    """For q/k tensors llama.cpp permuted (llama layout), the head count whose row permutation must be undone."""
+    if config is None or not family(config.arch).gguf_rotary_permuted:
         return None
     if name.endswith(("attn_q.weight", "attn_q.bias")):
         return config.num_heads
@@ -158,7 +213,7 @@ def _rotary_heads(name: str, config: ModelConfig) -> int | None:
     return None
 
 
-def _dequantized(t, config: ModelConfig, path: Path) -> torch.Tensor:
+def _dequantized(t, config: ModelConfig | None, path: Path) -> torch.Tensor:
     """One GGUF tensor as fp32 in augury's layout (llama's q/k rows un-permuted)."""
     import gguf
 
@@ -173,22 +228,12 @@ def _dequantized(t, config: ModelConfig, path: Path) -> torch.Tensor:
 
 def read_weights(reader, config: ModelConfig, path: Path, dtype: torch.dtype, progress: Callable | None = None) -> dict:
     """Dequantize every tensor to `dtype` in augury's flat naming (see `weights_from_flat`)."""
-    _check_types(reader, path)
     tensors = {}
     for t in reader.tensors:
         tensors[t.name] = _dequantized(t, config, path)
         if progress is not None:
             progress(int(t.n_bytes))
     return gguf_to_flat(tensors, config, dtype)
-
-
-# augury's fused matmul weights and the GGUF tensors stacked (on the output axis) into each.
-NATIVE_LINEARS = {
-    "wqkv": ("attn_q", "attn_k", "attn_v"),
-    "wo": ("attn_output",),
-    "w_gate_up": ("ffn_gate", "ffn_up"),
-    "w_down": ("ffn_down",),
-}
 
 
 def read_native_weights(
@@ -212,7 +257,6 @@ def read_native_weights(
     from augury.kernels.reference import KINDS
     from augury.kernels.weight import GgufWeight
 
-    _check_types(reader, path)
     by_name = {t.name: t for t in reader.tensors}
 
     def done(t) -> None:
@@ -244,7 +288,7 @@ def read_native_weights(
     used: set[str] = set()
     flat: dict = {}
     for i in range(config.num_layers):
-        for ours, theirs in NATIVE_LINEARS.items():
+        for ours, theirs in linear_parts(family(config.arch)).items():
             names = [f"blk.{i}.{n}.weight" for n in theirs]
             flat[f"layers.{i}.{ours}"] = native(names)
             used.update(names)
@@ -259,8 +303,8 @@ def read_native_weights(
                 done(t)
     for i in range(config.num_layers):
         p = f"blk.{i}."
-        for ours, theirs in GGUF_LAYER_NAMES.items():
-            if p + theirs in rest and ours not in NATIVE_LINEARS:
+        for ours, theirs in GGUF_NORMS.items():
+            if p + theirs in rest:
                 flat[f"layers.{i}.{ours}"] = rest[p + theirs]
         if p + "attn_q.bias" in rest:
             flat[f"layers.{i}.bqkv"] = torch.cat([rest[p + f"attn_{n}.bias"] for n in "qkv"])
@@ -270,35 +314,24 @@ def read_native_weights(
     return {**flat, **plain}
 
 
-GGUF_LAYER_NAMES = {
-    "attn_norm": "attn_norm.weight",
-    "mlp_norm": "ffn_norm.weight",
-    "wo": "attn_output.weight",
-    "w_down": "ffn_down.weight",
-    "q_norm": "attn_q_norm.weight",
-    "k_norm": "attn_k_norm.weight",
-    "post_attn_norm": "post_attention_norm.weight",
-    "post_mlp_norm": "post_ffw_norm.weight",
-}
-
-
 def gguf_to_flat(tensors: dict[str, torch.Tensor], config: ModelConfig, dtype: torch.dtype) -> dict:
-    """GGUF tensor names -> augury's flat names, fusing q/k/v and gate/up."""
+    """GGUF tensor names -> augury's flat names, fusing q/k/v and gate/up where the file keeps them apart."""
     flat = {
         "embed": tensors["token_embd.weight"],
         "final_norm": tensors["output_norm.weight"],
     }
     if not config.tie_embeddings:
         flat["lm_head"] = tensors["output.weight"]
+    parts = linear_parts(family(config.arch))
     for i in range(config.num_layers):
         p = f"blk.{i}."
-        for ours, theirs in GGUF_LAYER_NAMES.items():
+        for ours, theirs in GGUF_NORMS.items():
             if p + theirs in tensors:
                 flat[f"layers.{i}.{ours}"] = tensors[p + theirs]
-        flat[f"layers.{i}.wqkv"] = torch.cat([tensors[p + f"attn_{n}.weight"] for n in "qkv"])
+        for ours, theirs in parts.items():
+            flat[f"layers.{i}.{ours}"] = torch.cat([tensors[p + n + ".weight"] for n in theirs])
         if p + "attn_q.bias" in tensors:
             flat[f"layers.{i}.bqkv"] = torch.cat([tensors[p + f"attn_{n}.bias"] for n in "qkv"])
-        flat[f"layers.{i}.w_gate_up"] = torch.cat([tensors[p + "ffn_gate.weight"], tensors[p + "ffn_up.weight"]])
     return cast_flat(flat, dtype)
 
 

@@ -59,10 +59,11 @@ class NativeStack:
             for layer in weights.layers
         ]
         self.isa = isa
-        from augury.models.decoder import RopeTable  # the decoder module imports this one
+        from augury.models.attention import RopeTable
 
-        # fp32 tables: the native layer computes in fp32 (the torch path's are in the model dtype)
-        self.rope_global = RopeTable(c.head_dim, c.rope_theta, torch.float32, torch.device("cpu"))
+        # fp32 tables: the native layer computes in fp32 (the torch path's are in the model dtype); a
+        # scaled RoPE (llama3, linear) is only other frequencies in the table, so the C++ layer needs nothing.
+        self.rope_global = RopeTable(c.head_dim, c.rope_theta, torch.float32, torch.device("cpu"), c.rope_freq_factors)
         self.rope_local = (
             RopeTable(c.head_dim, c.rope_theta_local, torch.float32, torch.device("cpu"))
             if c.rope_theta_local is not None
@@ -71,8 +72,9 @@ class NativeStack:
 
     @classmethod
     def build(cls, config: "ModelConfig", weights: "Weights", scale: float) -> "NativeStack | None":
-        """The native stack where every layer's matmul weight is GGUF blocks on the built kernel and the
-        head size is one the layer takes (16..256 in steps of 16), else None (the torch layer runs)."""
+        """The native stack where every layer's matmul weight is GGUF blocks on the built kernel, the
+        head size is one the layer takes (16..256 in steps of 16) and the attention is one it computes
+        (no soft-capped scores: Gemma 2), else None (the torch layer runs, on the same blocks)."""
         from augury.kernels.weight import GgufWeight
 
         names = ("wqkv", "wo", "w_gate_up", "w_down")
@@ -82,6 +84,8 @@ class NativeStack:
         if config.activation not in ("silu", "gelu_tanh") or weights.embed.device.type != "cpu":
             return None
         if config.head_dim % 16 or not 16 <= config.head_dim <= 256:
+            return None
+        if config.attn_softcap is not None:  # layer_body.h's softmax has no soft-cap step
             return None
         if not all(p.packed for m in mats for p in m.parts):
             return None
@@ -148,7 +152,7 @@ class NativeStack:
             lo = torch.zeros_like(hi) if window is None else (positions + 1 - window).clamp(min=0).minimum(hi - 1)
             off = torch.zeros(batch * t + 1, dtype=torch.long)
             return lo.reshape(-1).contiguous(), hi.reshape(-1).contiguous(), off, _EMPTY
-        from augury.models.decoder import row_key_sets
+        from augury.models.attention import row_key_sets
 
         slots = [torch.as_tensor(keys_at).reshape(-1) if isinstance(keys_at, Tensor) else torch.arange(
             keys_at.start, keys_at.stop) for _, _, keys_at in row_key_sets(lengths, positions, block_mask, window=window)]
