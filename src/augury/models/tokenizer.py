@@ -7,13 +7,17 @@ is fast and serializable, so a converted tokenizer is cached as one JSON file.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import jinja2
+import jinja2.ext
 import jinja2.sandbox
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -106,26 +110,26 @@ class Tokenizer:
     def vocab(self) -> dict[str, int]:
         return self.backend.get_vocab()
 
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        """Render messages with the model's own chat template (from its file)."""
+    def apply_chat_template(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """Render messages with the model's own chat template (from its file), as transformers renders it.
+
+        tools: JSON schemas of callable tools, for templates with a tool block.
+        """
         if not self.meta.chat_template:
             raise AuguryError("this model has no chat template; run without --chat and give a plain prompt")
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-        def raise_exception(message: str) -> None:
-            raise AuguryError(f"chat template: {message}")
-
-        env.globals["raise_exception"] = raise_exception
-        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
-        template = env.from_string(self.meta.chat_template)
-        return template.render(
+        return _compiled(self.meta.chat_template).render(
             messages=messages,
+            tools=tools,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.meta.bos_token or "",
             eos_token=self.meta.eos_token or "",
         )
 
-    def encode_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> list[int]:
         """Token ids of messages through the chat template, each message's text read as plain text.
 
         Only the template's own markers become special tokens: a message that
@@ -136,7 +140,8 @@ class Tokenizer:
         traced that way, and then the special texts inside the contents are
         swapped for markers before rendering instead.
         """
-        rendered = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        render = functools.partial(self.apply_chat_template, add_generation_prompt=add_generation_prompt, tools=tools)
+        rendered = render(messages)
         if not self.special_texts:
             return self.encode(rendered, add_bos=False)
         nonce = secrets.token_hex(8)  # unguessable, so no content can fake a marker
@@ -144,15 +149,16 @@ class Tokenizer:
         marked = [{**m, "content": opening + m["content"] + closing} if isinstance(m.get("content"), str) else m
                   for m in messages]
         try:
-            parts = _traced_parts(self.apply_chat_template(marked, add_generation_prompt=add_generation_prompt),
-                                  opening, closing)
+            parts = _traced_parts(render(marked), opening, closing)
         except (AuguryError, jinja2.TemplateError):  # the template refused the markers: escape instead
             parts = None
         if parts is None or "".join(text for text, _ in parts) != rendered:
-            parts = self._escaped_parts(messages, add_generation_prompt, nonce)
+            parts = self._escaped_parts(messages, render, nonce)
         return [i for text, content in parts if text for i in self.encode(text, add_bos=False, special=not content)]
 
-    def _escaped_parts(self, messages: list[dict], add_generation_prompt: bool, nonce: str) -> list[tuple[str, bool]]:
+    def _escaped_parts(
+        self, messages: list[dict], render: Callable[[list[dict]], str], nonce: str
+    ) -> list[tuple[str, bool]]:
         """Render with each special text in a content replaced by a marker; (text, is_plain) pieces."""
         specials = re.compile("|".join(map(re.escape, self.special_texts)))  # longest first
         index = {text: i for i, text in enumerate(self.special_texts)}
@@ -162,10 +168,36 @@ class Tokenizer:
 
         escaped = [{**m, "content": escape(m["content"])} if isinstance(m.get("content"), str) else m
                    for m in messages]
-        text = self.apply_chat_template(escaped, add_generation_prompt=add_generation_prompt)
+        text = render(escaped)
         pieces = re.split(f"\ufdd0{nonce}#(\\d+)\ufdd1", text)
         return [(piece, False) if i % 2 == 0 else (self.special_texts[int(piece)], True)
                 for i, piece in enumerate(pieces)]
+
+
+def _raise_exception(message: str) -> None:
+    """What a template calls to refuse a conversation (e.g. roles that do not alternate): one clear line."""
+    raise AuguryError(f"chat template: {message}")
+
+
+def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
+    """jinja's tojson escapes HTML characters; templates expect plain JSON (transformers overrides it the same way)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(source: str) -> jinja2.Template:
+    """A model's chat template in the environment transformers renders it in (sandboxed, trimmed blocks,
+    loop controls, raise_exception, strftime_now, tojson), so both give the same prompt text."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = _tojson
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise AuguryError(f"the model's chat template does not parse: {exc.message} (line {exc.lineno})") from None
 
 
 def _traced_parts(text: str, opening: str, closing: str) -> list[tuple[str, bool]] | None:
