@@ -44,12 +44,27 @@ class _DraftState:
 
 
 def check_same_vocabulary(target: Model, draft: Model) -> None:
-    """Refuse a draft model whose tokens do not mean the same as the target's."""
-    t_vocab, d_vocab = target.tokenizer.vocab, draft.tokenizer.vocab
-    same = len(t_vocab) == len(d_vocab) and all(d_vocab.get(tok) == idx for tok, idx in t_vocab.items())
-    if not same:
+    """Refuse a draft model whose token ids could mean something else to the target.
+
+    The drafter can emit any id its output head has a row for, and it reads
+    every token the target commits (any its head has a row for); so each such
+    id must be the same token in both tokenizers. Ids neither tokenizer names
+    (the unused rows Qwen checkpoints pad their heads with, which differ
+    between sizes) and names past both heads are no obstacle.
+    """
+    t_tokens = {i: tok for tok, i in target.tokenizer.vocab.items()}
+    d_tokens = {i: tok for tok, i in draft.tokenizer.vocab.items()}
+    emits = draft.config.vocab_size
+    ids = {i for i in d_tokens if i < emits} | {i for i in t_tokens if i < target.config.vocab_size}
+    bad = next((i for i in sorted(ids) if i >= emits or t_tokens.get(i) != d_tokens.get(i)), None)
+    if bad is not None:
+        def name(tokens: dict[int, str]) -> str:
+            return repr(tokens[bad]) if bad in tokens else "no token"
+
+        theirs = "past its vocabulary" if bad >= emits else name(d_tokens)
         raise AuguryError(
-            f"draft model {draft.name} has a different tokenizer than target {target.name}; "
+            f"draft model {draft.name} has a different tokenizer than target {target.name} "
+            f"(id {bad}: {name(t_tokens)} for the target, {theirs} for the drafter); "
             "use --draft-method cross for drafts from a model with another tokenizer"
         )
 
