@@ -6,85 +6,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from augury.errors import AuguryError
 from augury.models.loader import load_model
+from tests.gguf_files import write_hf_as_gguf
 from tests.tiny import hf_model
 
 VOCAB = 96
 
 
-def _permute_for_gguf(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's q/k row order for llama (interleaved rotary), as its converter writes it."""
-    rows = w.shape[0]
-    return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def write_llama_gguf(path: Path, model, *, arch: str = "llama", quant=None, odd_tensor_type=None) -> Path:
-    """Write a transformers llama model as a GGUF file the way llama.cpp lays it out."""
-    import gguf
-
-    cfg = model.config
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_freq_base(10000.0)
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    chars = list(bytes_to_unicode().values())[: VOCAB - 2]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(["<s>", "</s>", *chars])
-    writer.add_token_types([3, 3] + [1] * len(chars))
-    writer.add_token_merges([])
-    writer.add_token_scores([0.0] * VOCAB)
-    writer.add_bos_token_id(0)
-    writer.add_eos_token_id(1)
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    names = {
-        "input_layernorm.weight": "attn_norm.weight",
-        "post_attention_layernorm.weight": "ffn_norm.weight",
-        "self_attn.q_proj.weight": "attn_q.weight",
-        "self_attn.k_proj.weight": "attn_k.weight",
-        "self_attn.v_proj.weight": "attn_v.weight",
-        "self_attn.o_proj.weight": "attn_output.weight",
-        "mlp.gate_proj.weight": "ffn_gate.weight",
-        "mlp.up_proj.weight": "ffn_up.weight",
-        "mlp.down_proj.weight": "ffn_down.weight",
-    }
-
-    def add(name: str, array: np.ndarray) -> None:
-        if quant is not None and array.ndim == 2:
-            writer.add_tensor(name, gguf.quants.quantize(array, quant), raw_dtype=quant)
-        else:
-            writer.add_tensor(name, np.ascontiguousarray(array))
-
-    add("token_embd.weight", sd["model.embed_tokens.weight"])
-    add("output_norm.weight", sd["model.norm.weight"])
-    add("output.weight", sd["lm_head.weight"])
-    for i in range(cfg.num_hidden_layers):
-        for theirs, ours in names.items():
-            array = sd[f"model.layers.{i}.{theirs}"]
-            if ours == "attn_q.weight":
-                array = _permute_for_gguf(array, cfg.num_attention_heads)
-            elif ours == "attn_k.weight":
-                array = _permute_for_gguf(array, cfg.num_key_value_heads)
-            add(f"blk.{i}.{ours}", array)
-    if odd_tensor_type is not None:
-        writer.add_tensor("blk.0.extra.weight", np.zeros((1, 66), dtype=np.uint8), raw_dtype=odd_tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    """A transformers llama model as a GGUF file the way llama.cpp lays it out (tests/gguf_files.py)."""
+    return write_hf_as_gguf(path, model, arch=arch, quant=quant, odd_tensor_type=odd_tensor_type)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tiny random models of each supported architecture, built with transformers and saved as HF folders.
+"""Tiny random models of each supported architecture (ARCHS; FAMILY_ARCHS in tests/test_families.py), built with transformers and saved as HF folders.
 
 Tests compare augury's decoder against transformers on these, and the engine
 tests use them as fast stand-ins for real models.
@@ -34,6 +34,22 @@ def hf_config(arch: str, vocab: int = 96, layers: int = 2):
         return transformers.LlamaConfig(**common, rope_theta=10000.0)
     if arch == "qwen2":
         return transformers.Qwen2Config(**common, rope_theta=1000000.0)
+    if arch == "qwen3":
+        return transformers.Qwen3Config(**common, head_dim=16, rope_theta=1000000.0)
+    if arch == "llama3":  # original context below the test's positions' reach: all three frequency bands differ
+        scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                       original_max_position_embeddings=64, rope_theta=500000.0)
+        return transformers.LlamaConfig(**common, head_dim=16, rope_parameters=scaling)
+    if arch == "mistral":
+        return transformers.MistralConfig(**common, head_dim=16, sliding_window=5)
+    if arch == "phi3":
+        return transformers.Phi3Config(**common, pad_token_id=0, bos_token_id=0, eos_token_id=1)
+    if arch == "gemma2":  # small caps, so that soft-capping changes the numbers
+        return transformers.Gemma2Config(
+            **{**common, "num_hidden_layers": max(layers, 2), "tie_word_embeddings": True},
+            head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
+            attn_logit_softcapping=1.5, final_logit_softcapping=4.0,
+        )
     if arch == "gemma3":
         return transformers.Gemma3TextConfig(
             **{**common, "num_hidden_layers": max(layers, 3), "tie_word_embeddings": True},
@@ -56,7 +72,7 @@ def hf_model(arch: str, seed: int = 0, **kw):
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
-                param.normal_(0.0 if arch == "gemma3" else 1.0, 0.2)
+                param.normal_(0.0 if arch.startswith("gemma") else 1.0, 0.2)  # gemma: x * (1 + w)
             else:
                 param.normal_(0.0, 0.3 if "embed" in name else 0.15)
     return model.float().eval()
