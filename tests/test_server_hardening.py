@@ -11,6 +11,7 @@ small byte-level BPE trained here, with ChatML markers as special tokens.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -937,3 +938,140 @@ def test_fuzz_generator_reaches_every_edge_kind():
     for edge in (HUGE.encode(), b"1e400", b"5e-324", b"[" * 900, b'{"a": ' * 40, b'"\\ud800"', b"100.000001"):
         assert edge in sent, edge[:20]
     assert max(raw.count(b'"role"') for _, raw in fuzz_cases(schemas, 400)) >= 3000  # long lists
+
+
+# -- 10. the edges a hostile client finds: the context, the key's scheme, doubled credentials, smuggling ------
+
+
+def assert_context_exceeded(response: httpx.Response, param: str) -> None:
+    """OpenAI's refusal of a prompt that cannot fit: 400, invalid_request_error, context_length_exceeded."""
+    error = assert_error(response, 400, param, "context_length_exceeded")
+    assert error["type"] == "invalid_request_error", error
+    assert error["message"].startswith("This model's maximum context length is 512 tokens"), error
+
+
+TINY = {"role": "user", "content": "a"}
+TOO_LONG = [  # (path, body, param): the tiny server takes prompts of up to 511 tokens in a context of 512
+    ("/v1/chat/completions", {"messages": [TINY] * 55_000}, "messages"),  # refused by their count, untokenized
+    ("/v1/chat/completions", {"messages": [TINY] * 600}, "messages"),  # fewer than max_messages: tokenized
+    ("/v1/completions", {"prompt": [1] * 100_000}, "prompt"),  # token ids: refused by their count
+    ("/v1/completions", {"prompt": [1] * 512}, "prompt"),
+    ("/v1/completions", {"prompt": "a" * 600}, "prompt"),  # under the character limit: tokenized
+]
+
+
+def test_a_prompt_longer_than_the_context_gets_context_length_exceeded():
+    with tiny_server() as (base, _), httpx.Client(base_url=base, timeout=60) as http:
+        for path, body, param in TOO_LONG:
+            assert_context_exceeded(http.post(path, json=body), param)
+            assert_context_exceeded(http.post(path, json={**body, "stream": True}), param)
+        assert http.post("/v1/completions", json={"prompt": [1] * 511, "max_tokens": 1}).status_code == 200
+        still_serving(http)
+        assert 'code="5' not in http.get("/metrics").text
+
+
+def test_the_bearer_scheme_is_case_insensitive_and_a_wrong_key_is_401():
+    with tiny_server(api_key="k") as (base, _), httpx.Client(base_url=base, timeout=30) as http:
+        body = {"prompt": "ab", "max_tokens": 2}
+        for value in ("bearer k", "Bearer k", "BEARER k", "bEaReR   k"):  # RFC 7235: the scheme ignores case
+            assert http.post("/v1/completions", json=body, headers={"Authorization": value}).status_code == 200
+            assert http.get("/v1/models", headers={"Authorization": value}).status_code == 200
+        for value in ("bearer wrong", "Bearer K", "bearer k2", "Basic k", "k", "bearer", "Bearerk"):
+            response = http.post("/v1/completions", json=body, headers={"Authorization": value})
+            assert_error(response, 401, code="invalid_api_key")
+            assert response.headers["www-authenticate"] == "Bearer"
+        assert_error(http.post("/v1/completions", json=body), 401, code="invalid_api_key")
+
+
+def test_two_authorization_headers_are_refused_in_either_order():
+    with tiny_server(api_key="k") as (base, _), httpx.Client(base_url=base, timeout=30) as http:
+        body = {"prompt": "ab", "max_tokens": 2}
+        for pair in (("Bearer wrong", "Bearer k"), ("Bearer k", "Bearer wrong"), ("Bearer k", "Bearer k"),
+                     ("bearer k", "Basic k")):
+            headers = [("Authorization", pair[0]), ("Authorization", pair[1])]
+            assert_error(http.post("/v1/completions", json=body, headers=headers), 400, code="ambiguous_credentials")
+            assert_error(http.get("/v1/models", headers=headers), 400, code="ambiguous_credentials")
+        assert http.get("/health", headers=[("Authorization", "a"), ("Authorization", "b")]).status_code == 200
+        assert http.post("/v1/completions", json=body, headers={"Authorization": "Bearer k"}).status_code == 200
+
+
+SMALL_BODY = b'{"prompt": "ab", "max_tokens": 2}'
+
+
+def asgi_call(app, headers: list[tuple[bytes, bytes]]) -> tuple[dict, bytes, bool]:
+    """One POST /v1/completions straight into the ASGI app: (response start, body, whether the body was read)."""
+    sent: list[dict] = []
+    read = []
+
+    async def receive() -> dict:
+        read.append(True)
+        return {"type": "http.request", "body": SMALL_BODY, "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"), *headers],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    asyncio.run(app(scope, receive, send))
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0], body, bool(read)
+
+
+def test_content_length_with_transfer_encoding_is_refused_before_the_body_is_read():
+    target, _ = tiny_pair()
+    app = create_app(target, Scheduler(target, None, SchedulerConfig(max_batch=1, max_queue=1)),
+                     ServerConfig(model_name=MODEL))
+    length = str(len(SMALL_BODY)).encode()
+    for both in ([(b"content-length", length), (b"transfer-encoding", b"chunked")],
+                 [(b"transfer-encoding", b"chunked"), (b"content-length", length)],
+                 [(b"Content-Length", b"0"), (b"Transfer-Encoding", b"identity")]):
+        start, body, read = asgi_call(app, both)
+        assert start["status"] == 400 and not read, (start, read)
+        assert (b"connection", b"close") in start["headers"]
+        assert json.loads(body)["error"]["code"] == "ambiguous_framing"
+
+
+def raw_exchange(port: int, request: bytes) -> bytes:
+    """Send raw bytes, read until the server closes the connection (or 10 s pass)."""
+    received = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        while True:
+            try:
+                data = sock.recv(65536)
+            except socket.timeout:
+                break
+            if not data:
+                break
+            received += data
+    return received
+
+
+SMUGGLE_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+CHUNKED = b"%x\r\n%s\r\n0\r\n\r\n" % (len(SMALL_BODY), SMALL_BODY)
+SMUGGLED = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+FRAMINGS = {  # name -> the rest of a request after SMUGGLE_HEAD; each must get one 400 and a closed connection
+    "CL then TE": b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n" + CHUNKED + SMUGGLED,
+    "TE then CL": b"Transfer-Encoding: chunked\r\nContent-Length: %d\r\n\r\n" % len(CHUNKED) + CHUNKED + SMUGGLED,
+    "TE gzip and CL": b"Transfer-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(CHUNKED) + CHUNKED,  # h11's
+    "TE twice": b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n" + CHUNKED,  # h11's too
+    "two lengths": b"Content-Length: 4\r\nContent-Length: %d\r\n\r\n" % len(CHUNKED) + CHUNKED,  # and this
+}
+
+
+def test_request_smuggling_framings_get_one_400_over_a_real_socket():
+    with tiny_server() as (base, _), httpx.Client(base_url=base, timeout=30) as http:
+        port = int(base.rsplit(":", 1)[1])
+        for name, rest in FRAMINGS.items():
+            received = raw_exchange(port, SMUGGLE_HEAD + rest)
+            assert received.startswith(b"HTTP/1.1 400 "), (name, received[:200])
+            assert received.count(b"HTTP/1.1 ") == 1, f"{name}: a second (smuggled) request was answered"
+        received = raw_exchange(port, SMUGGLE_HEAD + FRAMINGS["CL then TE"])
+        assert json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "ambiguous_framing"
+        chunked_alone = raw_exchange(port, SMUGGLE_HEAD + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                                     + CHUNKED)
+        assert chunked_alone.startswith(b"HTTP/1.1 200 "), chunked_alone[:200]
+        still_serving(http)
+        assert 'code="5' not in http.get("/metrics").text

@@ -17,7 +17,6 @@ MAX_LINES = 500
 # Files over MAX_LINES that other engineers are splitting now (issue 25). This list must shrink:
 # take a file off it once it is under the limit, and never add one.
 BEING_SPLIT = {
-    "server/app.py",
     "proposers/heads.py",
     "train/trainer.py",
     "models/decoder.py",

@@ -14,7 +14,7 @@ Cheap checks (size, nesting, schema, counts) run on the event loop and refuse
 oversized requests before any work; templating and tokenizing, which take a
 second for a few megabytes, run on a small thread pool so that the loop keeps
 answering everyone else. `augury.server.guard.Guard` checks every request's
-Host, Origin, API key and Content-Type before a handler sees it, and
+framing, Host, Origin, API key and Content-Type before a handler sees it, and
 refuses new work while the server drains (see `augury.server.running`).
 """
 

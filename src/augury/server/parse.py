@@ -5,6 +5,10 @@ input and nothing else, so it can be tested with dicts and a tokenizer alone.
 The order is the cheap checks first (`check_request`: model, schema, features,
 size in characters), then tokenizing (`tokenize`, which the app runs off the
 event loop), then the checks that need the token count (`make_job`).
+
+A prompt that cannot fit the context is refused with OpenAI's code
+`context_length_exceeded` and its wording, wherever that is found: too many
+token ids, too many messages, too many characters, or too many tokens.
 """
 
 from __future__ import annotations
@@ -92,6 +96,49 @@ def decode_json(raw: bytes) -> Any:
     return body
 
 
+# -- the context: one wording for every way a prompt can be too long -----------------------------------
+
+
+def _prompt_param(chat: bool) -> str:
+    return "messages" if chat else "prompt"
+
+
+def context_exceeded(rules: Rules, chat: bool, found: str, param: str | None = None,
+                     reduce: str | None = None) -> ApiError:
+    """OpenAI's 400 for a request that cannot fit: code context_length_exceeded, param messages or prompt.
+
+    found: what the request came to ("resulted in 9000 tokens"); reduce: what to shorten (default: the prompt).
+    """
+    what = _prompt_param(chat)
+    return ApiError(
+        400,
+        f"This model's maximum context length is {rules.capacity} tokens, of which a prompt may take "
+        f"{rules.limits.max_prompt_tokens}. However, your {what} {found}. "
+        f"Please reduce the length of the {reduce or what}.",
+        param=param or what, code="context_length_exceeded",
+    )
+
+
+def _check_length_before_schema(rules: Rules, body: Any, chat: bool) -> None:
+    """Prompts longer than the context, told as such before the schema's item limits name them otherwise.
+
+    A token id is one token, and every message takes at least one token (its
+    role marker, if nothing else), so a list longer than the longest prompt
+    cannot fit whatever it holds.
+    """
+    if not isinstance(body, dict):
+        return
+    longest = rules.limits.max_prompt_tokens
+    items = body.get("messages" if chat else "prompt")
+    if not isinstance(items, list) or len(items) <= longest:
+        return
+    if chat:
+        raise context_exceeded(rules, chat, f"are {len(items)} messages, which take at least one token each",
+                               reduce="messages (fewer of them)")
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+        raise context_exceeded(rules, chat, f"is {len(items)} token ids")
+
+
 # -- the cheap checks -------------------------------------------------------------------------------------
 
 
@@ -160,7 +207,7 @@ def _characters(prompt: Prompt) -> int:
 
 
 def check_request(rules: Rules, body: Any, chat: bool) -> Prompt:
-    """The cheap checks, before any templating or tokenizing: model, features, schema, size; the prompt."""
+    """The cheap checks, before any templating or tokenizing: model, length, schema, features, size; the prompt."""
     if isinstance(body, dict):
         model = body.get("model")
         served = rules.limits.model
@@ -168,13 +215,14 @@ def check_request(rules: Rules, body: Any, chat: bool) -> Prompt:
             raise ApiError(404, f"the model '{model}' does not exist; this server serves '{served}'",
                            param="model", code="model_not_found")
         check_unsupported(body)
+    _check_length_before_schema(rules, body, chat)
     validate(body, chat_schema(rules.limits) if chat else completion_schema(rules.limits))
     check_features(body, chat, rules.eos_ids)
     prompt = _prompt(body, chat)
-    if _characters(prompt) > rules.max_prompt_chars:
-        raise ApiError(400, f"the prompt is {_characters(prompt)} characters; this server accepts at most "
-                       f"{rules.max_prompt_chars}", param="messages" if chat else "prompt",
-                       code="context_length_exceeded")
+    characters = _characters(prompt)
+    if characters > rules.max_prompt_chars:
+        raise context_exceeded(rules, chat, f"came to {characters} characters, more than the "
+                               f"{rules.max_prompt_chars} this server tokenizes")
     return prompt
 
 
@@ -234,25 +282,18 @@ def _sampling_params(body: dict, max_tokens: int, eos_ids: frozenset[int], chat:
 def make_job(rules: Rules, body: dict, chat: bool, prompt_ids: list[int],
              constraint: JsonObjectConstraint | None = None) -> Job:
     """A checked request with its prompt's ids -> Job; 400 if the prompt and max_tokens do not fit."""
-    param = "messages" if chat else "prompt"
     if not prompt_ids:
-        raise ApiError(400, "the prompt is empty", param=param)
-    longest = rules.limits.max_prompt_tokens
-    if len(prompt_ids) > longest:
-        raise ApiError(400, f"the prompt is {len(prompt_ids)} tokens; this server accepts at most {longest}",
-                       param=param, code="context_length_exceeded")
-    capacity = rules.capacity
+        raise ApiError(400, "the prompt is empty", param=_prompt_param(chat))
+    tokens = len(prompt_ids)
+    if tokens > rules.limits.max_prompt_tokens:
+        raise context_exceeded(rules, chat, f"resulted in {tokens} tokens")
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(name)
     if max_tokens is None:
-        max_tokens = min(rules.limits.max_tokens, capacity - len(prompt_ids))
-    elif len(prompt_ids) + max_tokens > capacity:
-        raise ApiError(
-            400,
-            f"the prompt ({len(prompt_ids)} tokens) plus {name} ({max_tokens}) is more than the "
-            f"{capacity} tokens a sequence may hold; lower {name} or shorten the prompt",
-            param=name, code="context_length_exceeded",
-        )
+        max_tokens = min(rules.limits.max_tokens, rules.capacity - tokens)
+    elif tokens + max_tokens > rules.capacity:
+        raise context_exceeded(rules, chat, f"resulted in {tokens} tokens, and {name} asks for {max_tokens} more",
+                               param=name, reduce=f"{_prompt_param(chat)} or {name}")
     stream_options = body.get("stream_options") or {}
     return Job(
         prompt_ids=prompt_ids,
