@@ -361,3 +361,18 @@ def test_a_drafter_with_another_tokenizer_is_refused_for_model_and_hybrid(method
     drafter = write_hf_as_gguf(qwen3.folder / "d.gguf", hf_model("qwen3", seed=1, layers=1), tokens=other)
     with pytest.raises(AuguryError, match=r"different tokenizer.*id 40.*--draft-method cross"):
         build_proposer(method, target, draft=str(drafter), dtype="fp32")
+
+
+def test_models_list_names_every_family_and_block_type(tmp_path, monkeypatch, capsys):
+    """`augury models list` prints the families table the loaders use, so it cannot drift from them."""
+    from augury.cli import main
+    from augury.models.families import FAMILIES
+
+    monkeypatch.setenv("AUGURY_HOME", str(tmp_path))
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("FAMILY (GGUF)"):].splitlines()
+    rows = {line.split()[0]: line for line in table[1:] if not line.startswith("GGUF blocks")}
+    assert set(rows) == {f.name for f in FAMILIES} >= {"qwen3", "llama", "phi3", "gemma2"}
+    assert "mistral" in rows["llama"] and rows["gemma2"].split()[2] == "no:" and rows["qwen3"].split()[2] == "yes"
+    assert "Q4_K" in table[-1] and "Q2_K" in table[-1].split("dequantized")[1]

@@ -23,6 +23,28 @@ def _pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_table(table: list[tuple[str, ...]]) -> None:
+    """Columns padded to their widest cell (the last one left ragged)."""
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
+    for r in table:
+        cells = [cell.ljust(w) for cell, w in zip(r, widths)] + [r[-1]]
+        print("  ".join(cells).rstrip())
+
+
+def _families() -> None:
+    """What a .gguf file or HF folder of one's own may be: the families and block types the loaders take."""
+    from augury.kernels.reference import KINDS
+    from augury.models.families import FAMILIES
+    from augury.models.gguf import SUPPORTED_QUANTS
+
+    print("\nYour own .gguf file or Hugging Face folder loads if it is one of these families:")
+    table = [("FAMILY (GGUF)", "HF MODEL_TYPE", "C++ LAYER ON GGUF BLOCKS", "NOTES")]
+    table += [(f.name, ", ".join(f.hf_types), f.native_layer, f.notes) for f in FAMILIES]
+    _print_table(table)
+    dequantized = sorted(SUPPORTED_QUANTS - set(KINDS))
+    print(f"GGUF blocks on the kernel: {', '.join(KINDS)}; dequantized at load: {', '.join(dequantized)}")
+
+
 def _list(args: argparse.Namespace) -> int:
     rows = store.list_models()
     table = [("NAME", "ARCH", "SIZE", "PULLED", "PATH")]
@@ -34,10 +56,8 @@ def _list(args: argparse.Namespace) -> int:
             "yes" if row.pulled else "no",
             str(row.path) if row.pulled else "-",
         ))
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
-    for r in table:
-        cells = [cell.ljust(w) for cell, w in zip(r, widths)] + [r[-1]]
-        print("  ".join(cells).rstrip())
+    _print_table(table)
+    _families()
     return 0
 
 
@@ -72,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_pull)
 
-    p = sub.add_parser("list", help="show known models and whether they are pulled")
+    p = sub.add_parser("list", help="show known models, whether they are pulled, and the supported families")
     p.set_defaults(func=_list)
 
     p = sub.add_parser("rm", help="delete pulled models")

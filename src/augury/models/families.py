@@ -29,6 +29,8 @@ class Family:
     fused_gate_up: bool = False  # gate and up stored as one tensor (HF gate_up_proj, GGUF ffn_up of 2 I rows)
     sliding_pattern: int = 0  # GGUF: every n-th layer is global, the rest slide (0: all layers alike)
     default_window: int | None = None  # GGUF: the sliding window when the file does not say
+    native_layer: str = "yes"  # for `augury models list`: whether GGUF blocks run the C++ layer (the decoder
+    # decides from the loaded config; this says what that decision is for the family's files)
     notes: str = ""  # what the README table says about it
 
 
@@ -38,10 +40,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen2", ("qwen2",), {"qkv_bias": True}, notes="Qwen2, Qwen2.5"),
     Family("qwen3", ("qwen3",), {"qk_norm": True}, notes="Qwen3 dense (per-head q/k RMSNorm)"),
     Family("phi3", ("phi3",), fused_qkv=True, fused_gate_up=True,
-           notes="Phi-3/3.5 with plain RoPE (longrope 'su' refused); fused qkv and gate/up split at load"),
+           notes="Phi-3/3.5 4k (plain RoPE; longrope refused), fused qkv and gate/up"),
     Family("gemma2", ("gemma2",), {"post_norms": True, "activation": "gelu_tanh"}, norm_plus_one=True,
            embed_scaled=True, sliding_pattern=2, default_window=4096,
-           notes="Gemma 2 (logit soft-capping: the torch layer)"),
+           native_layer="no: soft-caps (torch layer)",
+           notes="Gemma 2 (attention and final-logit soft-caps, alternating windows)"),
     Family("gemma3", ("gemma3_text", "gemma3"),
            {"qk_norm": True, "post_norms": True, "activation": "gelu_tanh", "rope_theta_local": 10000.0},
            norm_plus_one=True, embed_scaled=True, sliding_pattern=6, default_window=512,
