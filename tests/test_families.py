@@ -297,6 +297,7 @@ def test_an_unknown_architecture_names_the_supported_ones(qwen3):
         load_model(str(path), progress=False)
 
 
+@pytest.mark.slow
 def test_the_cli_says_a_missing_tensor_in_one_line(qwen3, tmp_path):
     path = write_hf_as_gguf(tmp_path / "missing.gguf", qwen3.model, drop=("blk.0.ffn_up.weight",))
     proc = subprocess.run(
