@@ -9,6 +9,8 @@ at position j of that sequence, so positions can be derived from slots.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor
 
@@ -31,6 +33,25 @@ def slots_for(tokens: int, growth: int = 0) -> int:
 def draft_room(max_len: int, length: int) -> int:
     """Tokens a drafter may still draft into a cache of max_len slots once it holds `length` tokens."""
     return max(0, max_len - length - DRAFT_MARGIN)
+
+
+class LayerCache(Protocol):
+    """What the decoder's layers ask of a cache (KVCache, CacheGroup and GrowingCache provide it).
+
+    Row-by-row attention also reads `row_kv`/`sequence_kv` (KVCache, CacheGroup);
+    masked attention reads `view` (KVCache, GrowingCache).
+    """
+
+    @property
+    def lengths(self) -> list[int]: ...
+
+    def write(self, layer: int, k_new: Tensor, v_new: Tensor) -> None: ...
+
+    def view(self, layer: int, length: int) -> tuple[Tensor, Tensor]: ...
+
+    def advance(self, n: int) -> None: ...
+
+    def check_room(self, n: int) -> None: ...
 
 
 class KVCache:
@@ -210,3 +231,37 @@ class CacheGroup:
     def check_room(self, n: int) -> None:
         for cache in self.caches:
             cache.check_room(n)
+
+
+class GrowingCache:
+    """A KV cache for training a head: every block's keys and values are concatenated, never written in place.
+
+    `KVCache` overwrites preallocated slots, which autograd cannot
+    differentiate through once later blocks write the same storage; training
+    unrolls several blocks per step, so it grows tensors instead. Every
+    sequence of a batch has the same length here, and a head has one layer.
+    """
+
+    def __init__(self, batch_size: int) -> None:
+        self.keys: Tensor | None = None
+        self.values: Tensor | None = None
+        self.length = 0
+        self.batch_size = batch_size
+
+    @property
+    def lengths(self) -> list[int]:
+        return [self.length] * self.batch_size
+
+    def write(self, layer: int, k_new: Tensor, v_new: Tensor) -> None:
+        """k_new, v_new: [B, H_kv, T, D] appended after the current length."""
+        self.keys = k_new if self.keys is None else torch.cat([self.keys[:, :, : self.length], k_new], dim=2)
+        self.values = v_new if self.values is None else torch.cat([self.values[:, :, : self.length], v_new], dim=2)
+
+    def view(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
+        return self.keys[:, :, :length], self.values[:, :, :length]
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def check_room(self, n: int) -> None:
+        """Always room: the tensors grow."""

@@ -27,11 +27,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "train",
         help="train an MTP, EAGLE or parallel drafter head for a target (CPU or GPU, time-budgeted)",
-        description="Collects the target's hidden states and top-k log-probabilities over a corpus (by default "
-        "the target's own answers to requests it writes itself from its chat template's user prefix, plus any "
-        "--data), trains a one-layer head within --hours, and writes DIR/head.safetensors with its description "
-        "(DIR/head.json): target name and hash, kind, vocabulary subset, data, held-out acceptance by position. "
-        "Draft with it through --draft-method KIND --head DIR.",
+        description="Collects the target's hidden states and top-k log-probabilities over a corpus by batched "
+        "prefill (by default chat-shaped samples of this machine's Python standard library, PSF licence; "
+        "--corpus self adds the target's own answers; --data adds yours), trains a one-layer head within "
+        "--hours, measures held-out acceptance by position at token milestones, and writes "
+        "DIR/head.safetensors with its description (DIR/head.json): target name and hash, kind, vocabulary "
+        "subset, data, rates, the acceptance curve. Draft with it through --draft-method KIND --head DIR.",
     )
     p.add_argument("--model", "-m", default=DEFAULT_TARGET, help=f"target model name or path (default {DEFAULT_TARGET})")
     p.add_argument("--kind", required=True, choices=KINDS, help="head kind")
@@ -45,15 +46,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--offline", action="store_true", help="never download the target")
     p.add_argument("--resume", action="store_true", help="continue the run in --out (its corpus and checkpoint)")
     c = p.add_argument_group("corpus")
-    c.add_argument("--no-generate", dest="generate", action="store_false",
-                   help="do not let the target write a corpus (train on --data only)")
+    c.add_argument("--corpus", default="stdlib",
+                   help="comma-separated sources: stdlib (the Python standard library, read by prefill; default), "
+                   "self (the target writes requests and answers: on-policy, about 20x slower), or none "
+                   "(--data only)")
+    c.add_argument("--corpus-tokens", type=_positive(int), default=None,
+                   help="stop collecting after this many tokens (default: when the corpus share of --hours ends)")
     c.add_argument("--sequences", type=_positive(int), default=None,
-                   help="stop writing the corpus after this many conversations (default: when its time share ends)")
+                   help="self: stop writing after this many conversations")
     c.add_argument("--collect-share", type=float, default=0.4,
-                   help="share of --hours for writing the corpus (default 0.4)")
-    c.add_argument("--request-tokens", type=_positive(int), default=96, help="longest request written (default 96)")
-    c.add_argument("--answer-tokens", type=_positive(int), default=256, help="longest answer written (default 256)")
-    c.add_argument("--max-batch", type=_positive(int), default=8, help="conversations decoded together (default 8)")
+                   help="share of --hours for collecting (default 0.4)")
+    c.add_argument("--request-tokens", type=_positive(int), default=96, help="self: longest request (default 96)")
+    c.add_argument("--answer-tokens", type=_positive(int), default=256, help="self: longest answer (default 256)")
+    c.add_argument("--max-batch", type=_positive(int), default=8, help="self: conversations decoded together")
+    c.add_argument("--prefill-tokens", type=_positive(int), default=2048,
+                   help="padded tokens per batched prefill while collecting (default 2048)")
     h = p.add_argument_group("head")
     h.add_argument("--feature", choices=("final", "last_layer"), default=None,
                    help="target state read: its final normed state (eagle, parallel default) or its last layer's "
@@ -76,6 +83,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     o.add_argument("--eval-depth", type=_positive(int), default=4, help="positions measured held-out (default 4)")
     o.add_argument("--holdout", type=float, default=0.05, help="share of conversations held out (default 0.05)")
     o.add_argument("--save-dtype", default="bf16", help="dtype of the head's matrices on disk (default bf16)")
+    o.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decay on the matrices (default 0.01)")
+    o.add_argument("--noise", type=float, default=0.05,
+                   help="Gaussian noise on the target states read, times their RMS (default 0.05)")
+    o.add_argument("--dropout", type=float, default=0.1, help="dropout on the head layer's input (default 0.1)")
+    o.add_argument("--curve-at", default="50000,200000,500000,1000000",
+                   help="tokens seen at which held-out acceptance is measured (default 50k,200k,500k,1M)")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run_train)
@@ -96,34 +109,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.set_defaults(func=run_export)
 
 
+def _token_counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise AuguryError(f"--curve-at takes comma-separated token counts, got '{text}'") from None
+
+
 def run_train(args: argparse.Namespace) -> int:
     from augury.models.loader import load_model
     from augury.proposers.heads import HeadConfig
+    from augury.train.collection import CorpusPlan
     from augury.train.corpus import SelfCorpusPlan
     from augury.train.trainer import TrainPlan, train
 
-    if not 0 <= args.holdout < 1:
-        raise AuguryError(f"--holdout must be in [0, 1), got {args.holdout}")
-    if args.max_steps < 0:
-        raise AuguryError(f"--max-steps must be >= 0, got {args.max_steps}")
-    if not args.generate and not args.data and not args.resume:
-        raise AuguryError("--no-generate needs --data: there would be nothing to train on")
+    # every flag is checked before the target loads
     overrides = {name: getattr(args, name) for name in ("feature", "feature_loss", "train_depth", "block",
                                                         "intermediate_size") if getattr(args, name) is not None}
     config = HeadConfig.for_kind(args.kind, **overrides)
-    target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline,
-                        progress=not args.quiet)
     plan = TrainPlan(seq_len=args.seq_len, batch=args.batch, lr=args.lr, max_steps=args.max_steps,
                      eval_depth=args.eval_depth, topk=args.topk, draft_vocab=args.draft_vocab,
-                     holdout=args.holdout, save_dtype=args.save_dtype, seed=args.seed)
-    corpus_plan = SelfCorpusPlan(request_tokens=args.request_tokens, answer_tokens=args.answer_tokens,
-                                 max_batch=args.max_batch, seed=args.seed)
-    outcome = train(target, config, args.out, hours=args.hours, plan=plan, data_paths=args.data,
-                    generate=args.generate, max_sequences=args.sequences, collect_share=args.collect_share,
-                    corpus_plan=corpus_plan, resume=args.resume, device=args.device, progress=not args.quiet)
+                     holdout=args.holdout, save_dtype=args.save_dtype, seed=args.seed,
+                     weight_decay=args.weight_decay, noise=args.noise, dropout=args.dropout,
+                     curve_at=_token_counts(args.curve_at))
+    sources = tuple(s.strip() for s in args.corpus.split(",") if s.strip() and s.strip() != "none")
+    corpus = None if args.resume else CorpusPlan(
+        sources=sources, data_paths=tuple(args.data), max_tokens=args.corpus_tokens, max_sequences=args.sequences,
+        share=args.collect_share, batch_tokens=args.prefill_tokens,
+        self_plan=SelfCorpusPlan(request_tokens=args.request_tokens, answer_tokens=args.answer_tokens,
+                                 max_batch=args.max_batch, seed=args.seed))
+    target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline,
+                        progress=not args.quiet)
+    outcome = train(target, config, args.out, hours=args.hours, plan=plan, corpus=corpus, resume=args.resume,
+                    device=args.device, progress=not args.quiet)
     print(f"wrote {outcome.path}: {outcome.steps} steps in {outcome.seconds:.0f} s on {outcome.tokens} tokens "
-          f"({outcome.sequences} sequences); held-out alpha by position {outcome.alpha} "
-          f"(untrained {outcome.alpha_untrained}); {outcome.disk_bytes / 1e6:.1f} MB on disk")
+          f"({outcome.sequences} sequences, {outcome.tokens_seen} seen); held-out alpha by position "
+          f"{outcome.alpha} (untrained {outcome.alpha_untrained}); rates {outcome.rates}; "
+          f"{outcome.disk_bytes / 1e6:.1f} MB on disk")
     return 0
 
 

@@ -123,6 +123,28 @@ def read_data(path: str | Path, target: Model, max_len: int) -> Corpus:
     return corpus
 
 
+def chat_corpus(samples: list, target: Model, max_len: int, *, max_tokens: int | None = None,
+                description: dict | None = None) -> Corpus:
+    """Token sequences of (request, answer) samples through the target's chat template, each cut to
+    max_len tokens and starting its drafted text where the answer begins; stops after max_tokens."""
+    tokenizer = target.tokenizer
+    corpus = Corpus()
+    for sample in samples:
+        prompt = tokenizer.encode_chat(sample.messages()[:1], add_generation_prompt=True)
+        ids = tokenizer.encode_chat(sample.messages(), add_generation_prompt=False)[:max_len]
+        start = len(prompt) if ids[: len(prompt)] == prompt else 0
+        if len(ids) - start < 4:
+            continue
+        corpus.sequences.append(ids)
+        corpus.starts.append(start)
+        corpus.states.append(None)
+        if max_tokens is not None and corpus.tokens >= max_tokens:
+            break
+    if description is not None:
+        corpus.description.append({**description, "sequences": len(corpus.sequences), "tokens": corpus.tokens})
+    return corpus
+
+
 def _line_ids(line: str, tokenizer, where: str) -> list[int]:
     try:
         record = json.loads(line)

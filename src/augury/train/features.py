@@ -130,6 +130,19 @@ def add_recorded(writer: ShardWriter, target: Model, config: HeadConfig, tokens:
     return n
 
 
+def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices grouped into prefill batches of similar length (shortest first), each at most batch_tokens
+    padded tokens (or one sequence), so that padding wastes little of a batched prefill."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[i] <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
 @torch.inference_mode()
 def collect(
     target: Model,
@@ -137,32 +150,41 @@ def collect(
     config: HeadConfig,
     writer: ShardWriter,
     *,
+    starts: list[int] | None = None,
     topk: int = 8,
+    batch_tokens: int = 2048,
     deadline: float | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> None:
-    """Prefill each sequence through the target for its states and top-k (for text the target did not write).
+    """The target's states and top-k over text it did not write: teacher-forced, batched prefill.
 
-    Stops between sequences at the deadline (time.monotonic). progress(tokens) after each sequence.
+    Sequences of similar length share one forward, right-padded: attention is
+    causal, so a real position never sees the padding after it, and its state
+    is what the sequence's own prefill gives (to the matmuls' summation order).
+    Stops between batches at the deadline (time.monotonic); progress(tokens, sequences) after each batch.
+    starts: per sequence, where its drafted text (the answer) begins (default 0).
     """
     decoder = target.decoder
     layers = feature_layers(config, target.config)
     hidden = target.config.hidden_size
-    longest = max((len(s) for s in sequences), default=0)
-    cache = decoder.new_cache(1, longest + 8)
-    for ids in sequences:
+    kept = [i for i, ids in enumerate(sequences) if len(ids) >= 3]
+    batches = length_batches([len(sequences[i]) for i in kept], batch_tokens)
+    for batch in batches:
         if deadline is not None and time.monotonic() >= deadline:
             break
-        if len(ids) < 3:
-            continue
-        cache.reset()
-        logits, states = decoder.forward(torch.tensor([ids], device=decoder.device), cache, return_hidden=True,
-                                         hidden_layers=layers)
-        logits = logits[0]
-        top = logits.topk(topk, dim=-1)
-        writer.add(ids, pick_feature(config, states[0], hidden), top.indices, top.values - logits.logsumexp(-1, keepdim=True))
+        rows = [sequences[kept[i]] for i in batch]
+        longest = max(len(ids) for ids in rows)
+        padded = torch.tensor([ids + [ids[-1]] * (longest - len(ids)) for ids in rows], device=decoder.device)
+        cache = decoder.new_cache(len(rows), longest + 8)
+        # one logits row (the top-k is taken from the states below, a few hundred rows at a time)
+        _, states = decoder.forward(padded, cache, logits_rows=slice(0, 1), return_hidden=True, hidden_layers=layers)
+        for b, i in enumerate(batch):
+            n = len(rows[b])
+            ids, logprobs = top_k(target, states[b, :n, -hidden:], topk)
+            writer.add(rows[b], pick_feature(config, states[b, :n], hidden), ids, logprobs,
+                       starts[kept[i]] if starts is not None else 0)
         if progress is not None:
-            progress(len(ids))
+            progress(sum(len(ids) for ids in rows), len(rows))
 
 
 def load(shards: list[Path]) -> Features:
