@@ -169,8 +169,8 @@ def test_extreme_valid_sampling_settings_still_give_a_distribution(kwargs):
     probs = probabilities(logits, params, prompt=[0, 2], output=[2, 3], drafted=[4])
     assert torch.isfinite(probs).all() and (probs >= 0).all()
     torch.testing.assert_close(probs.sum(-1), torch.ones(2))
-    if params.temperature < 1e-30 and not params.has_penalties:  # the limit T -> 0 is the argmax (ties split)
-        torch.testing.assert_close(probs, torch.tensor([[0, 0, 0.5, 0, 0.5], [1.0, 0, 0, 0, 0]]))
+    if params.greedy and not params.has_penalties:  # below sampling.GREEDY_BELOW: greedy, the first argmax
+        torch.testing.assert_close(probs, torch.tensor([[0, 0, 1.0, 0, 0], [1.0, 0, 0, 0, 0]]))
 
 
 @pytest.mark.parametrize("k", [0, -1, 33, 1000])

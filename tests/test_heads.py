@@ -17,14 +17,18 @@ from unittest import mock
 import pytest
 import torch
 
+import augury.models.head as head_net
+import augury.models.head_file as head_file
 import augury.proposers.heads as heads
 import tests.test_exact as exact
+from augury import files
 from augury.engine import Engine
 from augury.errors import AuguryError
+from augury.models.head import KINDS, HeadConfig
 from augury.models.loader import Model
 from augury.proposers import METHODS
 from augury.proposers.base import Sequence
-from augury.proposers.heads import KINDS, HeadConfig, HeadProposer, make_proposer, untrained_proposer
+from augury.proposers.heads import HeadProposer, make_proposer, untrained_proposer
 from augury.sampling import SamplingParams
 from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig
 from tests.proposer_cases import ProposerCase
@@ -41,7 +45,7 @@ def target() -> Model:
 
 def train_tiny(target: Model, kind: str, folder: Path, steps: int = 120, **overrides):
     """(config, own weights, vocab) of a head trained for `steps` on the target's own greedy continuations."""
-    from augury.proposers.heads import init_own_weights, target_parts
+    from augury.models.head import init_own_weights, target_parts
     from augury.train import features
     from augury.train.trainer import TrainableHead, TrainPlan, choose_vocab, fit, new_optimizer
 
@@ -301,7 +305,7 @@ class Checked(HeadProposer):
             return
         # A fresh head feed of every committed row from the target's states must give the cached K/V.
         head = self.head
-        states = heads.pick_feature(self.config, torch.cat(self.received[seq.id]), head.target_config.hidden_size)
+        states = head_net.pick_feature(self.config, torch.cat(self.received[seq.id]), head.target_config.hidden_size)
         fresh = head.new_cache(1, state.fed + 8)
         head.layer(head.inputs(states[None, : state.fed], head.embed(torch.tensor([seq.tokens[1 : state.fed + 1]]))),
                    fresh)
@@ -332,8 +336,8 @@ def test_mtp_reads_the_last_layers_output_and_eagle_the_final_state(target):
     assert untrained_proposer("mtp", target).hidden_layers == (target.config.num_layers - 1,)
     assert untrained_proposer("eagle", target).hidden_layers == ()
     hidden = torch.arange(12.0).view(1, 12)
-    assert heads.pick_feature(HeadConfig.for_kind("mtp"), hidden, 6).tolist() == [list(range(6))]
-    assert heads.pick_feature(HeadConfig.for_kind("eagle"), hidden[:, 6:], 6).tolist() == [list(range(6, 12))]
+    assert head_net.pick_feature(HeadConfig.for_kind("mtp"), hidden, 6).tolist() == [list(range(6))]
+    assert head_net.pick_feature(HeadConfig.for_kind("eagle"), hidden[:, 6:], 6).tolist() == [list(range(6, 12))]
 
 
 def test_a_head_without_hidden_states_is_a_clear_error(target):
@@ -353,11 +357,11 @@ def _with_source(model: Model, path: Path, content: bytes) -> Model:
 
 def _save(folder: Path, target: Model, kind: str = "eagle", trained=None) -> Path:
     config, own, vocab = trained[kind] if trained else (HeadConfig.for_kind(kind),
-                                                         heads.init_own_weights(HeadConfig.for_kind(kind), target),
+                                                         head_net.init_own_weights(HeadConfig.for_kind(kind), target),
                                                          torch.arange(VOCAB))
     meta = {"kind": kind, "config": config.to_dict(),
-            "target": {"name": target.name, "sha256": heads.target_sha256(target)}}
-    return heads.save_head(folder, own, vocab, torch.arange(vocab.numel(), 0, -1), meta, dtype=torch.float32)
+            "target": {"name": target.name, "sha256": head_file.target_sha256(target)}}
+    return head_file.save_head(folder, own, vocab, torch.arange(vocab.numel(), 0, -1), meta, dtype=torch.float32)
 
 
 @pytest.fixture()
@@ -411,8 +415,8 @@ def test_head_file_problems_are_one_clear_error(target, home):
 
     with safe_open(str(path), framework="pt") as fh:
         tensors = {name: fh.get_tensor(name) for name in fh.keys()}
-        meta = fh.metadata()[heads.META_KEY].replace('"kind": "eagle"', '"kind": "medusa"')
-    save_file(tensors, str(home / "odd.safetensors"), metadata={heads.META_KEY: meta})
+        meta = fh.metadata()[head_file.META_KEY].replace('"kind": "eagle"', '"kind": "medusa"')
+    save_file(tensors, str(home / "odd.safetensors"), metadata={head_file.META_KEY: meta})
     with pytest.raises(AuguryError, match="unknown kind 'medusa'"):
         heads.load_head(home / "odd.safetensors", source)
 
@@ -423,15 +427,15 @@ def test_a_head_file_is_replaced_whole_or_not_at_all(target, home, monkeypatch):
     path = _save(home / "head", source)
     before = path.read_bytes()
 
-    real_replace = heads.os.replace
+    real_replace = files.os.replace
 
     def full_disk(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(heads.os, "replace", full_disk)
+    monkeypatch.setattr(files.os, "replace", full_disk)
     with pytest.raises(OSError):
         _save(home / "head", source, "mtp")
-    monkeypatch.setattr(heads.os, "replace", real_replace)
+    monkeypatch.setattr(files.os, "replace", real_replace)
     assert path.read_bytes() == before
     assert heads.load_head(path, source).name == "eagle"
     assert not [p for p in (home / "head").iterdir() if ".tmp" in p.name]

@@ -40,7 +40,16 @@ from augury.server import ServerConfig, create_app
 from augury.server.running import uvicorn_config
 from augury.server.schemas import Limits, chat_schema, completion_schema
 from tests.test_server import (
-    MODEL, REPO, VOCAB, ChatCharTokenizer, SlowDecoder, _free_port, _up, encode, reference, tiny_pair, wait_until
+    MODEL,
+    REPO,
+    VOCAB,
+    ChatCharTokenizer,
+    _free_port,
+    _up,
+    encode,
+    reference,
+    tiny_pair,
+    wait_until,
 )
 from tests.tiny import random_decoder
 
@@ -116,7 +125,7 @@ NUMERIC_EDGES = [
     (f'{{"prompt": "ab", "min_tokens": {HUGE}}}', "min_tokens"),
     (f'{{"prompt": "ab", "seed": -{HUGE}}}', "seed"),
     (f'{{"prompt": "ab", "presence_penalty": {HUGE}}}', "presence_penalty"),
-    (f'{{"prompt": "ab", "frequency_penalty": 1e400}}', "frequency_penalty"),
+    ('{"prompt": "ab", "frequency_penalty": 1e400}', "frequency_penalty"),
     (f'{{"prompt": "ab", "repetition_penalty": {HUGE}}}', "repetition_penalty"),
     (f'{{"prompt": [{HUGE}]}}', "prompt[0]"),
     (f'{{"prompt": "ab", "n": {HUGE}}}', "n"),

@@ -178,12 +178,12 @@ def test_a_text_folder_is_a_corpus(target_dir, home):
 
 
 def test_a_full_disk_keeps_the_previous_checkpoint(home, monkeypatch):
-    from augury.proposers import heads
+    from augury import files
     from augury.train import trainer
 
     path = home / "checkpoint.pt"
     trainer._save_checkpoint(path, {"step": 1})
-    monkeypatch.setattr(heads.os, "replace", lambda src, dst: (_ for _ in ()).throw(OSError(28, "No space")))
+    monkeypatch.setattr(files.os, "replace", lambda src, dst: (_ for _ in ()).throw(OSError(28, "No space")))
     with pytest.raises(AuguryError, match="no space left on device .*previous checkpoint is kept"):
         trainer._save_checkpoint(path, {"step": 2})
     monkeypatch.undo()
@@ -215,8 +215,8 @@ def test_states_recorded_while_writing_equal_a_prefill_of_what_was_written(kind,
     and top-k as one prefill of each sequence (short sequences: both attend row by row, bitwise)."""
     import time
 
+    from augury.models.head import HeadConfig, feature_layers
     from augury.models.loader import load_model
-    from augury.proposers.heads import HeadConfig, feature_layers
     from augury.train import features
     from augury.train.corpus import SelfCorpusPlan, StateRecorder, self_corpus
 

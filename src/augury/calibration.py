@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from augury.files import write_json_atomic
+
 # The rows one token alone may be padded to (its "alone" reference), cheapest first: the order breaks ties.
 BASES = (1, 2, 4, 8, 16, 32)
 # Past the table a row count is rounded up to a multiple of one of these (the smallest whose probes agree).
@@ -233,9 +235,7 @@ def load_or_calibrate(path: Path | None, key: str, measure) -> RowPadding:
     padding = measure()
     if path is not None:
         try:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"key": key, "format": FORMAT, "padding": padding.to_dict()}, indent=1))
-            tmp.replace(path)
+            write_json_atomic(path, {"key": key, "format": FORMAT, "padding": padding.to_dict()})
         except OSError:
             pass  # a read-only cache only costs a calibration next time
     return padding

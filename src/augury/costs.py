@@ -14,7 +14,6 @@ for itself.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 
 from augury.cache import slots_for
 from augury.calibration import machine_key
+from augury.files import write_json_atomic
 from augury.models.decoder import weight_kinds
 from augury.models.loader import Model
 
@@ -61,9 +61,7 @@ def save_cost_curve(
         "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
+    write_json_atomic(path, record)
     return path
 
 

@@ -36,8 +36,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from augury.sampling import SamplingParams
 from augury.request import Request
+from augury.sampling import SamplingParams
 from augury.step import DraftRound, StepReport
 
 

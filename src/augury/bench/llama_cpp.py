@@ -24,6 +24,7 @@ from augury.metrics import SpecStats
 from augury.models.loader import Model
 from augury.sampling import SamplingParams
 
+
 @dataclass(frozen=True)
 class LlamaCppTool:
     """One way of running llama.cpp: a binary and, for speculation, its drafter type and draft-length flag."""

@@ -260,8 +260,8 @@ def calibrate(
 def run_calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from augury.models.tokenizer import build_prompt_ids
     from augury.models.loader import load_model
+    from augury.models.tokenizer import build_prompt_ids
     from augury.proposers.layer_skip import write_calibration
 
     if not 1 <= args.prompts <= len(CALIBRATION_PROMPTS):

@@ -111,8 +111,8 @@ def _allowed_hosts(args: argparse.Namespace) -> tuple[str, ...]:
 
 def run_serve(args: argparse.Namespace) -> int:
     _check_args(args)
-    from augury.engine import check_k
     from augury.api import load
+    from augury.engine import check_k
     from augury.scheduler import Scheduler, SchedulerConfig
     from augury.server import ServerConfig, create_app
     from augury.server.running import serve

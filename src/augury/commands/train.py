@@ -59,8 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--request-tokens", type=_positive(int), default=96, help="self: longest request (default 96)")
     c.add_argument("--answer-tokens", type=_positive(int), default=256, help="self: longest answer (default 256)")
     c.add_argument("--max-batch", type=_positive(int), default=8, help="self: conversations decoded together")
-    c.add_argument("--prefill-tokens", type=_positive(int), default=2048,
-                   help="padded tokens per batched prefill while collecting (default 2048)")
+    c.add_argument("--prefill-tokens", type=_positive(int), default=512,
+                   help="padded tokens per batched prefill while collecting (default 512)")
     h = p.add_argument_group("head")
     h.add_argument("--feature", choices=("final", "last_layer"), default=None,
                    help="target state read: its final normed state (eagle, parallel default) or its last layer's "
@@ -117,8 +117,8 @@ def _token_counts(text: str) -> tuple[int, ...]:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from augury.models.head import HeadConfig
     from augury.models.loader import load_model
-    from augury.proposers.heads import HeadConfig
     from augury.train.collection import CorpusPlan
     from augury.train.corpus import SelfCorpusPlan
     from augury.train.trainer import TrainPlan, train

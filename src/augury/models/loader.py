@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 import sys
 from dataclasses import dataclass, replace
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 from augury.errors import AuguryError
+from augury.files import replace_atomic
 from augury.models.decoder import (
     LINEAR_FIELDS,
     Decoder,
@@ -174,10 +174,7 @@ def _save_atomic(folder: Path, config: ModelConfig, tokenizer: Tokenizer, flat: 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
     tokenizer.save(folder)
-    target = folder / f"weights-{_dtype_name(dtype)}.safetensors"
-    tmp = target.with_suffix(".tmp")
-    save_file(flat, str(tmp))
-    os.replace(tmp, target)
+    replace_atomic(folder / f"weights-{_dtype_name(dtype)}.safetensors", lambda tmp: save_file(flat, str(tmp)))
 
 
 def _padding(weights: Weights, dtype: torch.dtype, device: torch.device, cached: Path | None, exact: bool):
@@ -261,9 +258,7 @@ def _save_native(folder: Path, config: ModelConfig, tokenizer: Tokenizer, flat: 
         else:
             tensors[name] = value
     base = folder / _native_cache_name(dtype)
-    tmp = base.with_suffix(".tmp")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, base.with_suffix(".safetensors"))
+    replace_atomic(base.with_suffix(".safetensors"), lambda tmp: save_file(tensors, str(tmp)))
     base.with_suffix(".json").write_text(json.dumps(index))
 
 

@@ -32,7 +32,6 @@ from augury.proposers.base import Draft, ProposerBase, Sequence
 from augury.sampling import draw, probabilities, sample
 from augury.verify import VerifyResult
 
-
 START_ROWS = 512  # rows one batched drafter prefill may hold (its activations grow with them)
 
 

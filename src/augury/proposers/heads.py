@@ -33,18 +33,12 @@ ascending); a sampled draft's q_draft is the request's sampling transform of
 the subset logits scattered into a full-vocabulary row of -inf, so it is zero
 outside the subset, sums to 1, and is exactly what the token was drawn from.
 
-Head files (written by `augury train`): one safetensors file whose header
-metadata carries the JSON description (kind, config, target name and sha256,
-training data, measured acceptance), so weights and description can never
-disagree; `head.json` next to it is the same JSON for people and tools.
+The network is models/head.py; the file format models/head_file.py.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -53,222 +47,25 @@ from torch import Tensor
 
 from augury.cache import CacheGroup, KVCache
 from augury.errors import AuguryError
-from augury.models.decoder import (
-    Decoder,
-    LayerWeights,
-    ModelConfig,
-    OneDnnWeight,
-    Weights,
-    attention_mask,
-    dense_weight,
-    linear,
-    onednn_packing_available,
-    rms_norm,
-    row_key_sets,
+from augury.models.decoder import LayerWeights, OneDnnWeight, onednn_packing_available
+from augury.models.head import (
+    LAYER_PREFIX,
+    ROW_LIMIT,
+    Head,
+    HeadConfig,
+    HeadWeights,
+    feature_layers,
+    init_own_weights,
+    pick_feature,
+    target_parts,
 )
+from augury.models.head_file import check_target, read_head
 from augury.models.loader import Model
 from augury.proposers.base import Draft, ProposerBase, Sequence
 from augury.sampling import draw, probabilities, sample
 from augury.verify import VerifyResult
 
-KINDS = ("mtp", "eagle", "parallel")
-FEATURES = ("final", "last_layer")
-FORMAT_VERSION = 1
-META_KEY = "augury_head"
-HEAD_FILE = "head.safetensors"
-HEAD_JSON = "head.json"
-# Head blocks up to this many rows attend row by row, which also lets several
-# sequences' separate caches run as one batch (cache.CacheGroup); longer
-# blocks (a prompt's catch-up) run alone through one masked attention call.
-ROW_LIMIT = 16
-# The layer's own weights by file name (the rest of the head is fc, norms, mask, vocab).
-LAYER_PREFIX = "layer."
 MATMUL_FIELDS = ("wqkv", "wo", "w_gate_up", "w_down")
-
-
-@dataclass(frozen=True)
-class HeadConfig:
-    """What kind of head this is and how it was trained (everything but the target's shape).
-
-    The variants differ where the literature does: which target state the head
-    reads (EAGLE-1: the final normed state; DeepSeek-V3 MTP: the residual
-    stream before the final norm), whether the loss also regresses the next
-    state (EAGLE-1) or only matches the target's tokens (MTP), and how many
-    chained positions the training unrolls (1 = teacher-forced only, as
-    EAGLE-1; more lets the head see its own states, as later EAGLE versions
-    and DeepSeek's sequential depths do). One shared layer serves every depth.
-    """
-
-    kind: str
-    feature: str = "final"  # the target state read: "final" or "last_layer"
-    feature_loss: float = 0.0  # weight of the smooth-L1 loss on the next state (0 = tokens only)
-    train_depth: int = 1  # chained positions unrolled in training (chain kinds)
-    block: int = 8  # parallel: the longest block one forward drafts (block - 1 mask embeddings)
-    intermediate_size: int | None = None  # the layer's MLP width (None: the target's)
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise AuguryError(f"unknown head kind '{self.kind}' (known: {', '.join(KINDS)})")
-        if self.feature not in FEATURES:
-            raise AuguryError(f"unknown head feature '{self.feature}' (known: {', '.join(FEATURES)})")
-        if not 1 <= self.train_depth <= 8:
-            raise AuguryError(f"train_depth must be in 1..8, got {self.train_depth}")
-        if not 2 <= self.block <= 32:
-            raise AuguryError(f"a parallel head's block must be in 2..32, got {self.block}")
-
-    @classmethod
-    def for_kind(cls, kind: str, **overrides) -> "HeadConfig":
-        """Each kind's defaults: MTP reads the residual stream with a token loss only, EAGLE the final
-        state with a state loss too; both unroll two chained positions; parallel reads the final state."""
-        defaults = {
-            "mtp": dict(feature="last_layer", feature_loss=0.0, train_depth=2),
-            "eagle": dict(feature="final", feature_loss=1.0, train_depth=2),
-            "parallel": dict(feature="final", feature_loss=0.0, train_depth=1, block=8),
-        }
-        if kind not in defaults:
-            raise AuguryError(f"unknown head kind '{kind}' (known: {', '.join(KINDS)})")
-        return cls(kind=kind, **{**defaults[kind], **overrides})
-
-    @property
-    def chained(self) -> bool:
-        return self.kind != "parallel"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "HeadConfig":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def feature_layers(config: HeadConfig, target: ModelConfig) -> tuple[int, ...]:
-    """The decoder layers the head asks the target for (besides the final normed state, always given)."""
-    return (target.num_layers - 1,) if config.feature == "last_layer" else ()
-
-
-def pick_feature(config: HeadConfig, hidden: Tensor, width: int) -> Tensor:
-    """The head's input state from the target's hidden output [..., H * (layers + 1)] -> [..., H] (H = width).
-
-    With the last layer asked for, its output comes first and the final normed
-    state last (see `Decoder.forward`).
-    """
-    return hidden[..., :width] if config.feature == "last_layer" else hidden[..., -width:]
-
-
-@dataclass
-class HeadWeights:
-    """A head's tensors: its own (fc, norms, layer, mask) and the target's it borrows (embed, final norm, lm_head rows).
-
-    Plain tensors for drafting, or the parameters of `train.trainer.TrainableHead`
-    for training: both run through the same `Head` code.
-    """
-
-    fc: Tensor  # [H, 2H] (or a packed weight)
-    state_norm: Tensor  # [H]
-    token_norm: Tensor  # [H]
-    layer: LayerWeights
-    embed: Tensor  # [V, H], the target's
-    final_norm: Tensor  # [H], the target's
-    lm_head: Tensor  # [N, H]: the target's output rows at `vocab` (or a packed weight)
-    vocab: Tensor  # [N] long, target token ids, ascending
-    mask: Tensor | None = None  # [block - 1, H] parallel heads' learned mask embeddings
-    dtype: torch.dtype = torch.float32  # what the head computes in (norm weights stay fp32)
-
-
-class Head:
-    """The head's forward pieces over `HeadWeights`, shared by drafting and training."""
-
-    def __init__(self, config: HeadConfig, target: ModelConfig, weights: HeadWeights) -> None:
-        self.config = config
-        self.target_config = target
-        self.weights = weights
-        layer_config = replace(
-            target, num_layers=1, sliding_window=None, sliding_pattern=0,
-            intermediate_size=config.intermediate_size or target.intermediate_size,
-        )
-        self.dtype = weights.dtype
-        self.device = weights.vocab.device
-        # (the shell's embedding only tells the decoder its dtype and device)
-        shell = Weights(embed=torch.empty(0, target.hidden_size, dtype=self.dtype, device=self.device),
-                        final_norm=weights.final_norm, lm_head=weights.lm_head, layers=[weights.layer])
-        # The head's layer runs on the decoder's own attention and MLP code (one
-        # implementation of the architecture); its blocks choose their attention
-        # path and visibility here, since a head's block is not a token block.
-        self.runner = Decoder(layer_config, shell, exact=False)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.target_config.vocab_size
-
-    def new_cache(self, batch: int, max_len: int) -> KVCache:
-        c = self.runner.config
-        return KVCache(1, batch, c.num_kv_heads, c.head_dim, max_len, dtype=self.dtype, device=self.device)
-
-    def embed(self, tokens: Tensor) -> Tensor:
-        """tokens: [B, T] -> the target's input embeddings [B, T, H] in the head's dtype."""
-        x = F.embedding(tokens, self.weights.embed).to(self.dtype)
-        scale = self.target_config.embed_scale
-        return x * torch.tensor(scale, dtype=x.dtype) if scale != 1.0 else x
-
-    def inputs(self, states: Tensor, tokens_embedded: Tensor) -> Tensor:
-        """[RMSNorm(state); RMSNorm(embedding)] -> fc. states, tokens_embedded: [B, T, H] -> [B, T, H]."""
-        w = self.weights
-        eps = self.target_config.rms_eps
-        both = torch.cat([rms_norm(states.to(self.dtype), w.state_norm, eps),
-                          rms_norm(tokens_embedded.to(self.dtype), w.token_norm, eps)], -1)
-        return linear(both, w.fc)
-
-    def layer(
-        self,
-        x: Tensor,
-        cache: KVCache | CacheGroup,
-        *,
-        positions: Tensor | None = None,
-        block_mask: Tensor | None = None,
-        visible: Tensor | None = None,
-    ) -> Tensor:
-        """The head's decoder layer over a block. x: [B, T, H] -> residual stream [B, T, H]; appends K/V.
-
-        positions: [B, T] rope positions (default: each cache's length onward).
-        block_mask: [B, T, T] visibility inside the block (default causal); the cache is visible.
-        visible: [B, T, cached + T] bool, the whole visibility (training's unrolled depths need
-            cached rows hidden too); forces the masked path.
-        """
-        c = self.runner.config
-        w = self.weights.layer
-        batch, t, _ = x.shape
-        lengths = cache.lengths
-        if positions is None:
-            positions = torch.tensor(lengths, device=x.device).unsqueeze(1) + torch.arange(t, device=x.device)
-        total = max(lengths) + t
-        if visible is not None:
-            attend = visible.unsqueeze(1)
-        elif t <= ROW_LIMIT:
-            attend = row_key_sets(lengths, positions, block_mask, window=None)
-        else:
-            attend = attention_mask(lengths, positions, total, block_mask, window=None)
-        rope = self.runner.rope_global.lookup(positions)
-        h = self.runner._attention(0, w, rms_norm(x, w.attn_norm, c.rms_eps), cache, rope, attend, total)
-        if w.post_attn_norm is not None:
-            h = rms_norm(h, w.post_attn_norm, c.rms_eps)
-        x = x + h
-        h = self.runner._mlp(w, rms_norm(x, w.mlp_norm, c.rms_eps))
-        if w.post_mlp_norm is not None:
-            h = rms_norm(h, w.post_mlp_norm, c.rms_eps)
-        cache.advance(t)
-        return x + h
-
-    def state(self, y: Tensor) -> Tensor:
-        """The head's output [.., H] as the state the next chained row reads (in the target state's space)."""
-        if self.config.feature == "final":
-            return rms_norm(y, self.weights.final_norm, self.target_config.rms_eps)
-        return y
-
-    def logits(self, y: Tensor) -> Tensor:
-        """Subset logits [.., N] (fp32) from the head's output [.., H], through the target's final norm."""
-        normed = rms_norm(y, self.weights.final_norm, self.target_config.rms_eps)
-        return linear(normed, self.weights.lm_head).float()
 
 
 # -- drafting ----------------------------------------------------------------------------------------
@@ -489,45 +286,7 @@ def _block_visibility(n: int, masks: int, width: int, device: torch.device) -> T
     return vis
 
 
-# -- building heads ------------------------------------------------------------------------------
-
-
-def target_parts(target: Model) -> tuple[Tensor, Tensor, Tensor]:
-    """The target's embedding [V, H], final norm [H] and dense output head [V, H] (shared, not copied, where plain)."""
-    w = target.decoder.weights
-    return w.embed, w.final_norm, dense_weight(w.lm_head)
-
-
-def init_own_weights(config: HeadConfig, target: Model, seed: int = 0) -> dict[str, Tensor]:
-    """Fresh fp32 weights for a head of `config` over `target` (the untrained head).
-
-    The layer starts as a copy of the target's last layer (a layer that already
-    reads this model's residual stream), fc as a small random projection.
-    """
-    c = target.config
-    gen = torch.Generator().manual_seed(seed)
-    hidden = c.hidden_size
-    own = {
-        "fc": torch.randn(hidden, 2 * hidden, generator=gen) * (2 * hidden) ** -0.5,
-        "state_norm": torch.ones(hidden),
-        "token_norm": torch.ones(hidden),
-    }
-    last = target.decoder.weights.layers[-1]
-    width = config.intermediate_size or c.intermediate_size
-    for f in fields(LayerWeights):
-        value = getattr(last, f.name)
-        if value is None:
-            continue
-        value = dense_weight(value).float().clone()
-        if f.name == "w_gate_up" and width != c.intermediate_size:
-            gate, up = value.chunk(2)
-            value = torch.cat([gate[:width], up[:width]])
-        elif f.name == "w_down" and width != c.intermediate_size:
-            value = value[:, :width].contiguous()
-        own[LAYER_PREFIX + f.name] = value
-    if not config.chained:
-        own["mask"] = torch.randn(config.block - 1, hidden, generator=gen) * 0.3
-    return own
+# -- building drafters ---------------------------------------------------------------------
 
 
 def head_weights(
@@ -573,124 +332,6 @@ def untrained_proposer(kind: str, target: Model, *, vocab: Tensor | None = None,
     config = HeadConfig.for_kind(kind, **overrides)
     vocab = torch.arange(target.config.vocab_size) if vocab is None else vocab
     return make_proposer(config, init_own_weights(config, target, seed), vocab, target)
-
-
-# -- head files --------------------------------------------------------------------------------
-
-
-def target_sha256(target: Model | Path) -> str:
-    """sha256 of the target's weights file (a GGUF), or of a Hugging Face folder's config and weights.
-
-    Cached per file path, size and modification time under $AUGURY_HOME/hashes,
-    since a 1 GB file takes seconds to hash.
-    """
-    from augury.models.store import augury_home
-
-    source = Path(target.source if isinstance(target, Model) else target).resolve()
-    if source.is_dir():
-        files = sorted(p for p in source.iterdir() if p.is_file() and (p.suffix in (".safetensors", ".gguf")
-                                                                        or p.name == "config.json"))
-    else:
-        files = [source]
-    if not files:
-        raise AuguryError(f"{source}: no model files to identify the target by")
-    stamp = "|".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
-    cache = augury_home() / "hashes" / (hashlib.sha256(stamp.encode()).hexdigest()[:24] + ".txt")
-    if cache.exists():
-        return cache.read_text().strip()
-    digest = hashlib.sha256()
-    for p in files:
-        if len(files) > 1:
-            digest.update(p.name.encode() + b"\0")
-        with p.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                digest.update(chunk)
-    value = digest.hexdigest()
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cache, value.encode())
-    except OSError:
-        pass  # an unwritable cache only costs the next load a rehash
-    return value
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write a file so that readers see the old one or the whole new one, never a part (tmp + fsync + rename)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def save_head(folder: Path, own: dict[str, Tensor], vocab: Tensor, counts: Tensor, meta: dict,
-              dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write `folder/head.safetensors` (weights, vocab, description in the header) and `head.json`, atomically.
-
-    meta must hold "kind", "config" (HeadConfig.to_dict) and "target" ({"name", "sha256", ...}).
-    Norms stay fp32; matrices are stored in `dtype`.
-    """
-    from safetensors.torch import save
-
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {name: (t.float() if t.dim() == 1 else t.to(dtype)).contiguous() for name, t in own.items()}
-    tensors["vocab"] = vocab.to(torch.int64).contiguous()
-    tensors["vocab_counts"] = counts.to(torch.int64).contiguous()
-    text = json.dumps({"format": FORMAT_VERSION, **meta}, indent=1, sort_keys=True)
-    data = save(tensors, metadata={META_KEY: text})
-    path = folder / HEAD_FILE
-    write_atomic(path, data)
-    write_atomic(folder / HEAD_JSON, text.encode())
-    return path
-
-
-def read_head(path: str | Path) -> tuple[dict, dict[str, Tensor]]:
-    """(description, tensors) of a head file or folder; one clear AuguryError for anything unreadable."""
-    from safetensors import SafetensorError, safe_open
-
-    path = Path(path).expanduser()
-    file = path / HEAD_FILE if path.is_dir() else path
-    if not file.exists():
-        raise AuguryError(f"head file {file} does not exist (train one with `augury train`)")
-    try:
-        with safe_open(str(file), framework="pt") as fh:
-            meta_text = (fh.metadata() or {}).get(META_KEY)
-            tensors = {name: fh.get_tensor(name) for name in fh.keys()}
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise AuguryError(f"head file {file} is corrupt or incomplete: {exc}") from None
-    if meta_text is None:
-        raise AuguryError(f"{file} is not an augury head file (no '{META_KEY}' description in its header)")
-    try:
-        meta = json.loads(meta_text)
-    except json.JSONDecodeError as exc:
-        raise AuguryError(f"head file {file} has a corrupt description: {exc}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
-        raise AuguryError(f"head file {file} has format {meta.get('format') if isinstance(meta, dict) else '?'}, "
-                          f"this augury reads format {FORMAT_VERSION}")
-    kind = meta.get("kind")
-    if kind not in KINDS:
-        raise AuguryError(f"head file {file} is of unknown kind '{kind}' (known: {', '.join(KINDS)})")
-    for name in ("fc", "state_norm", "token_norm", "vocab", LAYER_PREFIX + "wqkv"):
-        if name not in tensors:
-            raise AuguryError(f"head file {file} is incomplete: no tensor '{name}'")
-    return meta, tensors
-
-
-def check_target(meta: dict, target: Model, file: str | Path) -> None:
-    """Refuse a head trained for another target: by file hash, then by shape."""
-    want = (meta.get("target") or {}).get("sha256")
-    have = target_sha256(target)
-    if want != have:
-        trained = (meta.get("target") or {}).get("name", "?")
-        raise AuguryError(
-            f"head {file} was trained for target '{trained}' (sha256 {str(want)[:12]}...), "
-            f"not for '{target.name}' (sha256 {have[:12]}...); train one for this target with `augury train`"
-        )
 
 
 def load_head(path: str | Path, target: Model, *, draft_vocab: int = 0, expect_kind: str | None = None,

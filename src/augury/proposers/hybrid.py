@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers.base import Proposer
-from augury.proposers.base import Draft, ProposerBase, Sequence, propose_batch, start_batch
+from augury.proposers.base import Draft, Proposer, ProposerBase, Sequence, propose_batch, start_batch
 from augury.proposers.suffix import build as build_suffix
 from augury.verify import VerifyResult
 

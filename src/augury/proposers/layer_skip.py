@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from augury.errors import AuguryError
+from augury.files import write_json_atomic
 from augury.models.decoder import Decoder, ModelConfig, Weights
 from augury.models.loader import Model
 from augury.proposers.draft_model import DraftModelProposer
@@ -96,9 +97,7 @@ def write_calibration(path: Path, model_name: str, num_layers: int, skip: list[i
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"format": CALIBRATION_FORMAT, "model": model_name, "num_layers": num_layers, "skip_layers": sorted(skip)}
     data.update(details)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(path)
+    write_json_atomic(path, data)
 
 
 def read_calibration(path: Path, num_layers: int) -> list[int]:

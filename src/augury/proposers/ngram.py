@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers.base import Draft, Sequence, ProposerBase
+from augury.proposers.base import Draft, ProposerBase, Sequence
 
 
 def check_ngram_range(ngram_min: int, ngram_max: int) -> None:

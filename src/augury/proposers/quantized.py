@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from augury.errors import AuguryError
-from augury.models.decoder import Decoder, LINEAR_FIELDS, PackedWeight, Weights, dense_weight, linear
+from augury.models.decoder import LINEAR_FIELDS, Decoder, PackedWeight, Weights, dense_weight, linear
 from augury.models.loader import Model
 from augury.proposers.draft_model import DraftModelProposer
 from augury.proposers.options import QUANT_FORMATS

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers.base import Draft, Sequence, ProposerBase
+from augury.proposers.base import Draft, ProposerBase, Sequence
 from augury.proposers.ngram import check_ngram_range
 
 SEPARATOR = -1  # ends each document in the corpus; never a token, so no match runs across it

@@ -12,10 +12,10 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+from augury.request import GenerationResult, TokenLogprob
 from augury.sampling import SamplingParams
 from augury.scheduler import Failed
 from augury.server.schemas import ApiError
-from augury.request import GenerationResult, TokenLogprob
 
 # The lowest log-probability reported (JSON has no -inf; OpenAI's value). A chosen token's is
 # clamped to it; alternatives below it are left out: the request's transform rules them out (a

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from augury.errors import AuguryError
+from augury.models.head import HeadConfig, feature_layers
 from augury.models.loader import Model
-from augury.proposers.heads import HeadConfig, feature_layers
 from augury.train import corpus as corpora
 from augury.train import features as feats
 from augury.train import stdlib_corpus
@@ -39,7 +39,7 @@ class CorpusPlan:
     max_tokens: int | None = None  # stop collecting after this many tokens (default: at the share of the budget)
     max_sequences: int | None = None  # self-written conversations at most
     share: float = 0.4  # of the whole budget
-    batch_tokens: int = 2048  # padded tokens per batched prefill
+    batch_tokens: int = 512  # padded tokens per batched prefill (larger ran slower on 2 cores: docs/benchmarks.md 8a)
     max_chars: int = 1600  # stdlib answers cut here (about the training window of 512 tokens)
     self_plan: corpora.SelfCorpusPlan = field(default_factory=corpora.SelfCorpusPlan)
 

@@ -31,8 +31,10 @@ from pathlib import Path
 import torch
 
 from augury.errors import AuguryError
+from augury.files import write_atomic
 from augury.models.decoder import ModelConfig
-from augury.proposers.heads import LAYER_PREFIX, read_head, write_atomic
+from augury.models.head import LAYER_PREFIX
+from augury.models.head_file import read_head
 
 SCHEMA_VERSION = "0.9.0"  # the speculators release whose config classes this layout follows
 HF_ARCHITECTURES = {"qwen2": ("qwen2", "Qwen2ForCausalLM"), "llama": ("llama", "LlamaForCausalLM")}

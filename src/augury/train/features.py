@@ -24,9 +24,10 @@ import torch
 from torch import Tensor
 
 from augury.errors import AuguryError
+from augury.files import write_atomic
 from augury.models.decoder import linear
+from augury.models.head import HeadConfig, feature_layers, pick_feature
 from augury.models.loader import Model
-from augury.proposers.heads import HeadConfig, feature_layers, pick_feature, write_atomic
 
 SHARD_PREFIX = "features-"
 
@@ -152,7 +153,7 @@ def collect(
     *,
     starts: list[int] | None = None,
     topk: int = 8,
-    batch_tokens: int = 2048,
+    batch_tokens: int = 512,
     deadline: float | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> None:

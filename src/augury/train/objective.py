@@ -11,7 +11,7 @@ from torch import Tensor
 
 from augury.cache import GrowingCache
 from augury.models.decoder import LayerWeights, ModelConfig
-from augury.proposers.heads import LAYER_PREFIX, Head, HeadConfig, HeadWeights
+from augury.models.head import LAYER_PREFIX, Head, HeadConfig, HeadWeights
 from augury.train.features import Features
 
 

@@ -16,7 +16,7 @@
    chained positions or, for parallel heads, blocks of mask rows.
 5. held-out acceptance by position at token milestones (`TrainPlan.curve_at`),
    so one run gives alpha against tokens seen, and at the end.
-6. the head file, written atomically with its description (heads.save_head).
+6. the head file, written atomically with its description (models/head_file.py).
 
 Everything under DIR/work survives an interruption: finished feature shards,
 the manifest and the latest checkpoint (both replaced atomically). `--resume`
@@ -35,8 +35,10 @@ import torch
 from torch import Tensor
 
 from augury.errors import AuguryError
+from augury.files import write_atomic
+from augury.models.head import HeadConfig, init_own_weights, target_parts
+from augury.models.head_file import save_head, target_sha256
 from augury.models.loader import Model
-from augury.proposers.heads import HeadConfig, init_own_weights, save_head, target_parts, target_sha256, write_atomic
 from augury.train import features as feats
 from augury.train.collection import CorpusPlan, collect_corpus
 from augury.train.features import Features, no_space
