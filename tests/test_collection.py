@@ -58,8 +58,23 @@ def test_stdlib_samples_are_code_and_topics_in_a_seeded_order():
     for sample in code:
         assert sample.answer.startswith("```python\n") and sample.answer.endswith("\n```")
         assert len(sample.answer) <= 600 + len("```python\n\n```")
-        assert sample.source.rsplit(".", 1)[1] in sample.request  # the request names what it asks for
+        name = sample.source.rsplit(".", 1)[1].split(":")[0]
+        assert name in sample.request  # the request names what it asks for
+        if ":" in sample.source:  # a long piece goes on: its request quotes the part before's last lines
+            assert "```python\n" in sample.request
     assert [m["role"] for m in first[0].messages()] == ["user", "assistant"]
+
+
+def test_long_pieces_go_on_in_parts_and_the_test_suites_are_a_source_of_their_own():
+    from augury.train import stdlib_corpus
+
+    library, suites = set(stdlib_corpus.source_files()), set(stdlib_corpus.source_files(tests=True))
+    assert len(library) > 100 and len(suites) > 100 and not library & suites
+    assert all(stdlib_corpus.TEST_PARTS & set(p.parts) for p in suites)
+    text = "def f():\n" + "".join(f"    x{i} = {i}\n" for i in range(200)) + "    return " + "y" * 700 + "\n"
+    parts = stdlib_corpus._parts(text, 300)
+    assert "".join(parts) == text and all(len(p) <= 300 for p in parts) and len(parts) > 10
+    assert all(p.endswith("\n") for p in parts[:-4])  # cut at line ends, but a 700-character line is cut anyway
 
 
 def test_the_default_corpus_holds_no_evaluation_text():
@@ -160,3 +175,26 @@ def test_a_bad_plan_is_refused_before_the_target_loads(flags, message, home, cap
                  "--hours", "1", "--offline", *flags])
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+def test_the_gpu_recipe_runs_end_to_end_on_a_cpu_and_writes_pieces(target_dir, home):
+    """scripts/train-head-gpu.sh with DEVICE=cpu on the tiny target: the same script a GPU runs, so GPU
+    minutes go to training, not debugging. Pieces of at most PIECE bytes join back into the head."""
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "train-head-gpu.sh"
+    out = home / "gpu-head"
+    env = {**os.environ, "DEVICE": "cpu", "DTYPE": "fp32", "TOKENS": "4000", "PIECE": "64k", "BATCH": "4",
+           "SEQ_LEN": "128", "PREFILL_TOKENS": "512", "CURVE_AT": "1000,2000", "AUGURY": f"{sys.executable} -m augury.cli",
+           "PYTHON": sys.executable, "EXTRA": "--max-steps 20 --draft-vocab 200 --holdout 0.1"}
+    done = subprocess.run(["bash", str(script), str(target_dir), str(out), "1"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    head = (out / "head.safetensors").read_bytes()
+    pieces = sorted(out.glob("head.safetensors.part-*"))
+    assert len(pieces) >= 2 and all(p.stat().st_size <= 64 * 1024 for p in pieces)
+    assert b"".join(p.read_bytes() for p in pieces) == head
+    assert "held-out alpha by position" in done.stdout and done.stdout.count("tokens seen: alpha") == 2 and "join with: cat head.safetensors.part-*" in done.stdout

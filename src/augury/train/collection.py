@@ -6,7 +6,8 @@ Sources, in this order within the collection's share of the budget:
 - `--data`: JSONL conversations or text folders;
 - `stdlib` (the default): chat-shaped samples of the Python standard library
   (stdlib_corpus), read by teacher-forced, batched prefill until the share
-  of the budget or --corpus-tokens runs out (20-35x the rate of writing).
+  of the budget or --corpus-tokens runs out (20-35x the rate of writing);
+  `stdlib-tests` adds its test suites (about as much code again, same licence).
 Every shard is written whole and renamed into place, and the manifest lists
 them, so an interrupted collection keeps its finished shards.
 """
@@ -26,7 +27,7 @@ from augury.train import features as feats
 from augury.train import stdlib_corpus
 from augury.train.progress import ProgressBar
 
-SOURCES = ("stdlib", "self")
+SOURCES = ("stdlib", "stdlib-tests", "self")
 TOKENIZE_CHUNK = 256  # samples tokenized at a time (the stdlib corpus is millions of tokens; only what is read)
 
 
@@ -136,9 +137,11 @@ def collect_corpus(
         bar.close()
         prefilled["tokens"] += count["tokens"] - before
         sources += given.description
-    if "stdlib" in plan.sources and budget_left():
-        samples = stdlib_corpus.samples(plan.max_chars, seed=seed)
-        bar = ticker("states over the standard library")
+    for source, tests in (("stdlib", False), ("stdlib-tests", True)):
+        if source not in plan.sources or not budget_left():
+            continue
+        samples = stdlib_corpus.samples(plan.max_chars, seed=seed, tests=tests)
+        bar = ticker(f"states over the standard library{' tests' if tests else ''}")
         before_tokens, before_sequences, read, t_phase = count["tokens"], count["sequences"], 0, time.monotonic()
         while budget_left():
             chunk = list(itertools.islice(samples, TOKENIZE_CHUNK))
@@ -149,9 +152,10 @@ def collect_corpus(
             read += len(chunk)
         bar.close()
         prefilled["tokens"] += count["tokens"] - before_tokens
-        rates["stdlib"] = round((count["tokens"] - before_tokens) / max(time.monotonic() - t_phase, 1e-9) * 3600)
-        sources.append({"source": "stdlib", "kind": "python standard library", "licence": stdlib_corpus.LICENCE,
-                        "root": str(stdlib_corpus.stdlib_root()), "samples_read": read, "sequences": count["sequences"] - before_sequences,
+        rates[source] = round((count["tokens"] - before_tokens) / max(time.monotonic() - t_phase, 1e-9) * 3600)
+        sources.append({"source": source, "kind": f"python standard library{' test suites' if tests else ''}",
+                        "licence": stdlib_corpus.LICENCE, "root": str(stdlib_corpus.stdlib_root()),
+                        "samples_read": read, "sequences": count["sequences"] - before_sequences,
                         "tokens": count["tokens"] - before_tokens})
     if prefilled["seconds"]:
         rates["prefill"] = round(prefilled["tokens"] / prefilled["seconds"] * 3600)

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from augury.errors import AuguryError
 
-SKIPPED_PARTS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
+TEST_PARTS = frozenset({"test", "tests", "idle_test"})
+OUTSIDE_PARTS = frozenset({"site-packages", "dist-packages", "__pycache__"})  # installed packages: other licences
 LICENCE = "PSF-2.0 (the Python standard library's sources and pydoc_data topics on this machine)"
 
 # How a user asks for a piece of code; {what} is "function `name`", "class `Name`" and so on,
@@ -38,6 +39,10 @@ ASK_CODE = (
     "Can you write a {what} in Python that does this? {doc}",
     "I need the {what} ({doc}). Please write it in Python.",
     "Give me the source of the {what} in Python's `{module}`.",
+)
+ASK_MORE = (
+    "Continue the {what} from `{module}` after these lines:\n```python\n{tail}\n```",
+    "Go on with the {what} of `{module}`; it so far ends with:\n```python\n{tail}\n```",
 )
 ASK_TOPIC = (
     "Explain {topic} in Python.",
@@ -62,10 +67,16 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def source_files(root: Path | None = None) -> list[Path]:
-    """The standard library's .py files outside test folders and installed packages, sorted."""
+def source_files(root: Path | None = None, tests: bool = False) -> list[Path]:
+    """The standard library's .py files, sorted: the library itself, or (tests=True) its test suites;
+    never installed packages."""
     root = root or stdlib_root()
-    return sorted(p for p in root.rglob("*.py") if not SKIPPED_PARTS.intersection(p.relative_to(root).parts))
+    found = []
+    for path in root.rglob("*.py"):
+        parts = set(path.relative_to(root).parts)
+        if not OUTSIDE_PARTS & parts and bool(TEST_PARTS & parts) == tests:
+            found.append(path)
+    return sorted(found)
 
 
 def _pick(options: tuple[str, ...], key: str) -> str:
@@ -88,8 +99,20 @@ def _pieces(text: str) -> Iterator[tuple[str, str, str, str]]:
             yield kind, node.name, "".join(lines[first - 1 : node.end_lineno]), ast.get_docstring(node) or ""
 
 
+def _parts(source: str, max_chars: int) -> list[str]:
+    """A piece's source in consecutive parts of at most max_chars, cut at line ends (a longer line alone)."""
+    parts, start = [], 0
+    while start < len(source):
+        end = len(source) if len(source) - start <= max_chars else source.rfind("\n", start, start + max_chars) + 1
+        end = end if end > start else start + max_chars
+        parts.append(source[start:end])
+        start = end
+    return parts
+
+
 def code_samples(path: Path, root: Path, max_chars: int) -> Iterator[Sample]:
-    """One sample per top-level function or class of a module (answers cut at max_chars, at a line end)."""
+    """One sample per top-level function or class of a module; a piece longer than max_chars goes on in
+    further samples that ask for its continuation after its last lines so far."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
@@ -99,10 +122,14 @@ def code_samples(path: Path, root: Path, max_chars: int) -> Iterator[Sample]:
         doc_line = doc.strip().splitlines()[0].strip() if doc.strip() else ""
         templates = ASK_CODE if doc_line else tuple(t for t in ASK_CODE if "{doc}" not in t)
         what = f"{kind} `{name}`"
-        request = _pick(templates, f"{module}.{name}").format(what=what, module=module, doc=doc_line)
-        if len(source) > max_chars:
-            source = source[: source.rfind("\n", 0, max_chars) + 1] or source[:max_chars]
-        yield Sample(request, f"```python\n{source.rstrip()}\n```", f"{module}.{name}")
+        parts = _parts(source.rstrip() + "\n", max_chars)
+        for i, part in enumerate(parts):
+            if i == 0:
+                request = _pick(templates, f"{module}.{name}").format(what=what, module=module, doc=doc_line)
+            else:
+                tail = "\n".join(parts[i - 1].rstrip("\n").splitlines()[-3:])
+                request = _pick(ASK_MORE, f"{module}.{name}:{i}").format(what=what, module=module, tail=tail)
+            yield Sample(request, f"```python\n{part.rstrip()}\n```", f"{module}.{name}" + (f":{i}" if i else ""))
 
 
 def topic_samples(topic: str, body: str, max_chars: int) -> Iterator[Sample]:
@@ -114,15 +141,18 @@ def topic_samples(topic: str, body: str, max_chars: int) -> Iterator[Sample]:
                      f"pydoc:{topic}:{i}")
 
 
-def samples(max_chars: int = 1600, root: Path | None = None, seed: int = 0) -> Iterator[Sample]:
+def samples(max_chars: int = 1600, root: Path | None = None, seed: int = 0, tests: bool = False) -> Iterator[Sample]:
     """The default corpus, lazily (only what a run reads is parsed): modules and documentation topics in
-    a seeded order that mixes them, each module's pieces together."""
+    a seeded order that mixes them, each module's pieces together. tests=True: the test suites instead
+    (more code under the same licence, for runs that want more tokens than the library holds)."""
     root = root or stdlib_root()
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:
-        topics = {}
-    units = [(str(p.relative_to(root)), p) for p in source_files(root)] + [(f"pydoc:{t}", t) for t in topics]
+    topics: dict[str, str] = {}
+    if not tests:
+        try:
+            from pydoc_data.topics import topics
+        except ImportError:
+            pass
+    units = [(str(p.relative_to(root)), p) for p in source_files(root, tests)] + [(f"pydoc:{t}", t) for t in topics]
     if not units:
         raise AuguryError(f"no Python standard library sources under {root} for the default corpus; give --data")
     units.sort(key=lambda unit: hashlib.sha256(f"{seed}:{unit[0]}".encode()).digest())
