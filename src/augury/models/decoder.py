@@ -33,6 +33,7 @@ from torch import Tensor
 
 from augury.cache import CacheGroup, KVCache
 from augury.calibration import NO_PADDING, RowPadding, calibrate
+from augury.kernels.weight import PREFILL_ROWS
 from augury.models.attention import RopeTable, attend, attention_mask, rotate, row_key_sets, softcap
 from augury.models.native_layers import NativeStack
 from augury.models.onednn import OneDnnWeight, onednn_packing_available
@@ -206,11 +207,10 @@ class Decoder:
         # Blocks up to this many rows (decode steps, verification, token
         # trees) attend row by row, which keeps each row's result independent
         # of its block; longer blocks (prefill) use one masked attention call.
-        # A drafter (not exact) needs no such independence: only its
-        # one-token steps and tiny catch-ups go row by row (one call per
-        # row and layer is the fastest there, and lets a drafter batch
-        # sequences whose caches are separate, see cache.CacheGroup).
-        self.row_attention_limit = 64 if exact else 4
+        # A drafter (not exact) needs no such independence: only its one-token steps and tiny
+        # catch-ups go row by row (one call per row and layer is the fastest there, and lets a
+        # drafter batch sequences whose caches are separate, see cache.CacheGroup).
+        self.row_attention_limit = PREFILL_ROWS if exact else 4
         self.native = NativeStack.build(config, weights, self.scale) if native else None
 
     def with_head_rows(self, rows: int) -> "Decoder":

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from augury.cache import CacheGroup, KVCache
+from augury.cache import CacheGroup, KVCache, slots_for
 from augury.errors import AuguryError
 from augury.models.decoder import LayerWeights, OneDnnWeight, onednn_packing_available
 from augury.models.head import (
@@ -115,7 +115,7 @@ class HeadProposer(ProposerBase):
         states = pick_feature(self.config, prompt_hidden, self.head.target_config.hidden_size).to(self.head.dtype)
         if states.shape[0] != len(seq.tokens) - 1:
             raise AuguryError(f"head drafter got {states.shape[0]} prompt states for {len(seq.tokens) - 1} cached tokens")
-        max_len = len(seq.tokens) + seq.params.max_tokens + 2 * ROW_LIMIT + 64
+        max_len = slots_for(len(seq.tokens), seq.params.max_tokens + 2 * ROW_LIMIT)
         cache = self.head.new_cache(1, max_len)
         self.states[seq.id] = _SeqState(cache=cache, fed=0, pending=states, anchor=states[-1])
 

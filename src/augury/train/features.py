@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from augury.cache import slots_for
 from augury.errors import AuguryError
 from augury.files import write_atomic
 from augury.models.decoder import linear
@@ -176,7 +177,7 @@ def collect(
         rows = [sequences[kept[i]] for i in batch]
         longest = max(len(ids) for ids in rows)
         padded = torch.tensor([ids + [ids[-1]] * (longest - len(ids)) for ids in rows], device=decoder.device)
-        cache = decoder.new_cache(len(rows), longest + 8)
+        cache = decoder.new_cache(len(rows), slots_for(longest))
         # one logits row (the top-k is taken from the states below, a few hundred rows at a time)
         _, states = decoder.forward(padded, cache, logits_rows=slice(0, 1), return_hidden=True, hidden_layers=layers)
         for b, i in enumerate(batch):
