@@ -96,16 +96,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e = subparsers.add_parser(
         "export-head",
         help="write a trained head in the speculators layout (vllm serve DIR) for GPU clusters",
-        description="Writes config.json (speculators_model_type, transformer_layer_config, verifier, "
-        "proposal method) and model.safetensors for a chained (mtp/eagle) head, the layout speculators and "
-        "vLLM read; the vocabulary subset goes along as d2t/t2d maps.",
+        description="Writes config.json and model.safetensors in speculators' MTP layout (MTPDraftModel) for a "
+        "chained head that reads the final normed state (eagle, or mtp with --feature final) of a qwen3 target; "
+        "it drafts over the verifier's full vocabulary. Other heads are refused with the reason.",
     )
     e.add_argument("head", help="head folder or file written by `augury train`")
     e.add_argument("--format", default="speculators", choices=("speculators",))
     e.add_argument("--out", default=None, help="output folder (default: HEAD/speculators)")
     e.add_argument("--k", type=_positive(int), default=3, help="speculative tokens the config proposes (default 3)")
     e.add_argument("--verifier", default=None,
-                   help="the verifier's Hugging Face id for vLLM (default: the target name the head was trained for)")
+                   help="the verifier: a Hugging Face id or a local model folder, from which speculators reads the "
+                   "embedding and lm_head (default: the target the head was trained for)")
     e.set_defaults(func=run_export)
 
 
@@ -157,5 +158,6 @@ def run_export(args: argparse.Namespace) -> int:
     head = Path(args.head).expanduser()
     out = Path(args.out).expanduser() if args.out else (head if head.is_dir() else head.parent) / "speculators"
     written = export_speculators(head, out, speculative_tokens=args.k, verifier=args.verifier)
-    print(f"wrote {written} (serve with: vllm serve {out})")
+    print(f"wrote {written.config}: speculators' MTP layout, drafting over the verifier's {written.vocab_size} tokens "
+          f"(the head was trained on {written.trained_vocab}); serve with: vllm serve {out}")
     return 0
