@@ -174,6 +174,33 @@ class KVCache:
         lengths[dst] = n
         self.lengths = lengths
 
+    def copy_rows(self, b: int, start: int, stop: int) -> tuple[Tensor, Tensor]:
+        """Sequence b's keys and values of slots start..stop-1, copied out: two [layers, H_kv, stop - start, D].
+
+        A prefix cache keeps them after the sequence's row is reused.
+        """
+        if not 0 <= start <= stop <= self.lengths[b]:
+            raise ValueError(f"slots {start}..{stop} outside sequence {b}'s {self.lengths[b]} valid slots")
+        keys = torch.stack([k[b, :, start:stop] for k in self.keys])
+        values = torch.stack([v[b, :, start:stop] for v in self.values])
+        return keys, values
+
+    def fill(self, b: int, keys: Tensor, values: Tensor) -> None:
+        """Make sequence b hold exactly the given rows in slots 0..n-1. keys, values: [layers, H_kv, n, D].
+
+        A prefix cache's rows for a new sequence's start; the rest of its prompt is prefilled after them.
+        """
+        n = keys.shape[2]
+        if keys.shape[0] != len(self.keys) or n > self.max_len:
+            raise ValueError(f"{keys.shape[0]} layers of {n} rows do not fit a cache of {len(self.keys)} layers "
+                             f"of {self.max_len} slots")
+        for layer, (k, v) in enumerate(zip(self.keys, self.values)):
+            k[b, :, :n] = keys[layer]
+            v[b, :, :n] = values[layer]
+        lengths = self.lengths
+        lengths[b] = n
+        self.lengths = lengths
+
     def check_room(self, n: int) -> None:
         """Raise if any sequence cannot take n more slots."""
         longest = max(self.lengths) + n

@@ -49,24 +49,37 @@ def starts_eagerly(proposer: Proposer | None) -> bool:
     return proposer is not None and (proposer.needs_hidden or proposer.needs_every_step)
 
 
+def needs_prompt_states(proposer: Proposer | None) -> bool:
+    """Whether a proposer is started with the target's states of the whole prompt (so no prompt row may be skipped)."""
+    return proposer is not None and proposer.needs_hidden
+
+
 def _hidden_wanted(proposer: Proposer | None) -> tuple[bool, tuple[int, ...]]:
     if proposer is None or not proposer.needs_hidden:
         return False, ()
     return True, tuple(proposer.hidden_layers)
 
 
-def prefill(target: Model, request: Request, cache: KVCache) -> list[str]:
-    """Run the prompt into an empty single-sequence cache and commit the first token; returns text deltas.
+def prefill(target: Model, request: Request, cache: KVCache, cached: int = 0) -> list[str]:
+    """Run the prompt into a single-sequence cache and commit the first token; returns text deltas.
 
     A proposer that needs the target's states (or every step) is started here
     with the prompt's states; others start on their first draft, so a server
     that never drafts for a request never pays for a drafter's prefill.
+    cached: the cache already holds the rows of the prompt's first `cached`
+    tokens (a prefix cache's), so only the rest runs; 0: the cache is emptied.
     """
     t0 = time.perf_counter()
     decoder = target.decoder
-    cache.reset()
     wants_hidden, layers = _hidden_wanted(request.proposer)
-    tokens = torch.tensor([request.seq.tokens], device=decoder.device)
+    if cached:
+        if wants_hidden:
+            raise ValueError("a proposer that reads the prompt's states needs the whole prompt prefilled")
+        if cache.lengths != [cached] or not 0 < cached < len(request.seq.tokens):
+            raise ValueError(f"a cache holding {cache.lengths} rows for {cached} cached of {len(request.seq.tokens)}")
+    else:
+        cache.reset()
+    tokens = torch.tensor([request.seq.tokens[cached:]], device=decoder.device)
     out = decoder.forward(
         tokens, cache, logits_rows=slice(-1, None), return_hidden=wants_hidden, hidden_layers=layers
     )

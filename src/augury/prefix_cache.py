@@ -1,0 +1,215 @@
+"""A prefix cache: the K/V rows of earlier sequences, reused by a new request that starts with the same tokens.
+
+Why: each turn of a chat re-sends the whole history, and requests that share a
+system prompt or few-shot examples share their first hundreds of tokens; on a
+CPU, prefilling them again costs seconds per request.
+
+The shape is vLLM's chained blocks, held as a tree: a sequence's rows are cut
+into blocks of `block` tokens, and a block is found by its parent block and its
+own tokens. The key is the token tuple itself, compared exactly, so two
+sequences share a block only where every token before and in it is the same (no
+hash can collide). A lookup walks whole blocks from the root, then takes the
+longest common start of one child block: row i of a causal model depends on
+tokens 0..i only, so the first j rows of a block serve any sequence that shares
+its first j tokens. Only whole blocks are stored.
+
+Memory has a budget in bytes; a block that does not fit evicts the least
+recently used leaf until it does. A lookup or a store touches its path from the
+deepest block up, so a parent is always used at least as recently as each of its
+children and the oldest block is a leaf (eviction checks that anyway).
+
+Ownership: blocks a request stored carry its id until that request is settled
+(`settle`): kept, they become shared; dropped (the client went away, the request
+failed), the blocks it alone brought go at once, so a disconnect leaves nothing
+behind. Another request that reads or extends a block makes it shared too.
+
+Only the engine thread uses a cache; the counters are read by /metrics.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from augury.cache import KVCache
+
+DEFAULT_BLOCK = 16  # tokens per block: vLLM's default; a prompt's last partial block is prefilled again
+
+
+def kv_bytes_per_token(cache: KVCache) -> int:
+    """Bytes one token's keys and values take over every layer of a cache like `cache`."""
+    keys = cache.keys[0]
+    return 2 * len(cache.keys) * keys.shape[1] * keys.shape[3] * keys.element_size()
+
+
+@dataclass(eq=False)
+class _Block:
+    tokens: tuple[int, ...]
+    parent: _Block | None
+    keys: Tensor | None  # [layers, H_kv, block, D]; None at the root
+    values: Tensor | None  # [layers, H_kv, block, D]
+    depth: int  # blocks from the root (the root is 0)
+    owner: int | None = None  # the request that stored it, until settled or shared
+    children: dict[tuple[int, ...], _Block] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else 2 * self.keys.numel() * self.keys.element_size()
+
+
+@dataclass(frozen=True)
+class Match:
+    """The cached start of a sequence: the blocks on its path (the last may serve only its first rows)."""
+
+    blocks: tuple[_Block, ...]
+    length: int  # tokens (rows) it covers
+
+
+class PrefixCache:
+    """K/V rows of earlier sequences by their tokens, under a byte budget with LRU eviction (see the module doc)."""
+
+    def __init__(self, budget_bytes: int, block: int = DEFAULT_BLOCK) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"a prefix cache budget must be >= 0 bytes, got {budget_bytes}")
+        if block < 1:
+            raise ValueError(f"a prefix cache block must hold >= 1 token, got {block}")
+        self.budget = budget_bytes
+        self.block = block
+        self._root = _Block((), None, None, None, 0)
+        self._lru: OrderedDict[int, _Block] = OrderedDict()  # id(block) -> block, least recently used first
+        self.bytes = 0
+        self.hits = 0  # lookups through `take` that found rows
+        self.misses = 0  # lookups through `take` that found none
+        self.saved_tokens = 0  # rows served instead of prefilled
+        self.evictions = 0  # blocks evicted for room (not those forgotten)
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def lookup(self, tokens: Sequence[int], limit: int) -> Match:
+        """The longest cached start of `tokens`, at most `limit` tokens long."""
+        node, n, path = self._root, 0, []
+        while n + self.block <= limit:
+            child = node.children.get(tuple(tokens[n : n + self.block]))
+            if child is None:
+                break
+            path.append(child)
+            node, n = child, n + self.block
+        rest = tuple(tokens[n : min(limit, n + self.block)])
+        best, best_len = None, 0
+        for key, child in node.children.items():
+            common = _common_start(key, rest)
+            if common > best_len:
+                best, best_len = child, common
+        if best is not None:
+            path.append(best)
+        return Match(tuple(path), n + best_len)
+
+    def take(self, tokens: Sequence[int], limit: int, cache: KVCache, row: int = 0) -> int:
+        """Fill cache row `row` (slots 0..n-1) with the longest cached start of `tokens` (at most `limit`); returns n.
+
+        Counts a hit or a miss. The row then holds exactly those n rows
+        (length n); with n = 0 it is left as it was.
+        """
+        match = self.lookup(tokens, limit)
+        if match.length == 0:
+            self.misses += 1
+            return 0
+        keys = _joined([b.keys for b in match.blocks], match.length)
+        values = _joined([b.values for b in match.blocks], match.length)
+        cache.fill(row, keys, values)
+        for block in match.blocks:
+            block.owner = None  # read by another request: shared now
+        self._touch(match.blocks[-1])
+        self.hits += 1
+        self.saved_tokens += match.length
+        return match.length
+
+    def store(self, tokens: Sequence[int], cache: KVCache, row: int = 0, owner: int | None = None) -> int:
+        """Keep the rows of `tokens`' whole blocks from cache row `row` (slot j holds token j); returns blocks added.
+
+        Blocks already cached are only touched; new ones are copied out and
+        carry `owner` until `settle`. Stops at the first block the budget
+        cannot hold.
+        """
+        full = min(len(tokens), cache.lengths[row]) // self.block * self.block
+        node, n = self._root, 0
+        while n < full:
+            child = node.children.get(tuple(tokens[n : n + self.block]))
+            if child is None:
+                break
+            if child.owner != owner:
+                child.owner = None  # another request brought it, or it is shared already
+            node, n = child, n + self.block
+        added = 0
+        if n < full:
+            keys, values = cache.copy_rows(row, n, full)  # [layers, H_kv, full - n, D] each
+            for start in range(0, full - n, self.block):
+                block = _Block(
+                    tuple(tokens[n + start : n + start + self.block]), node,
+                    keys[:, :, start : start + self.block].clone(), values[:, :, start : start + self.block].clone(),
+                    node.depth + 1, owner,
+                )
+                if not self._make_room(block.nbytes, node):
+                    break
+                node.children[block.tokens] = block
+                self._lru[id(block)] = block
+                self.bytes += block.nbytes
+                node, added = block, added + 1
+        if node is not self._root:
+            self._touch(node)
+        return added
+
+    def settle(self, owner: int, keep: bool) -> None:
+        """A request ended: keep its blocks as shared ones, or drop those that only it brought (deepest first)."""
+        owned = sorted((b for b in self._lru.values() if b.owner == owner), key=lambda b: -b.depth)
+        for block in owned:
+            block.owner = None
+            if not keep and not block.children:
+                self._remove(block)
+
+    def _touch(self, block: _Block) -> None:
+        """Mark a path used, deepest block first, so that every parent is newer than its children."""
+        while block is not self._root:
+            self._lru.move_to_end(id(block))
+            block = block.parent
+
+    def _make_room(self, size: int, keep: _Block) -> bool:
+        """Evict least recently used leaves (never `keep` or its ancestors) until `size` more bytes fit."""
+        if size > self.budget:
+            return False
+        protected = set()
+        node = keep
+        while node is not None:
+            protected.add(id(node))
+            node = node.parent
+        while self.bytes + size > self.budget:
+            victim = next((b for b in self._lru.values() if not b.children and id(b) not in protected), None)
+            if victim is None:
+                return False
+            self._remove(victim)
+            self.evictions += 1
+        return True
+
+    def _remove(self, block: _Block) -> None:
+        del block.parent.children[block.tokens]
+        del self._lru[id(block)]
+        self.bytes -= block.nbytes
+
+
+def _common_start(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _joined(parts: list[Tensor], length: int) -> Tensor:
+    """Blocks' rows [layers, H_kv, block, D] each, end to end and cut to `length` rows: [layers, H_kv, length, D]."""
+    return torch.cat(parts, dim=2)[:, :, :length]
