@@ -17,6 +17,15 @@ hole (`KVCache.move_row`). A prompt is prefilled alone, straight into its row,
 never batched with other sequences: with the decoder's batch-invariant padding
 every sequence then gets the same logits, bit for bit, as it would decoding
 alone, and greedy output equals `Engine.generate`.
+
+With a prefix cache (`prefix_cache.PrefixCache`, `prefix_cache_bytes` > 0) a
+new prompt's longest cached start is copied into its row and only the rest is
+prefilled. A prompt's rows are stored right after its prefill (requests
+admitted together share a system prompt), a completed sequence's rows when it
+leaves (the next turn of a chat starts with them); a cancelled or failed
+request's own blocks are dropped at once. A model drafter that takes a cache
+(`use_prefix_cache`) gets its own, with the budget split by bytes per token.
+Requests whose drafter reads the prompt's target states (heads) skip it.
 """
 
 from __future__ import annotations
@@ -33,10 +42,11 @@ from augury.errors import AuguryError
 from augury.metrics import SpecStats
 from augury.models.loader import Model
 from augury.planner import Planner, load_dependent
+from augury.prefix_cache import DEFAULT_BLOCK, PrefixCache, kv_bytes_per_token
 from augury.proposers.base import Proposer, batches
 from augury.request import GenerationResult, Request, TokenLogprob
 from augury.sampling import SamplingParams
-from augury.step import check_k, draft, prefill, step
+from augury.step import check_k, draft, needs_prompt_states, prefill, step
 
 log = logging.getLogger("augury.scheduler")
 
@@ -90,6 +100,8 @@ class SchedulerConfig:
     k: int = 4  # the largest draft length; the scheduler may use less
     adaptive_k: bool = True
     probe_every: int = 16
+    prefix_cache_bytes: int = 0  # K/V rows of earlier sequences kept for reuse, target and drafter together; 0: none
+    prefix_block: int = DEFAULT_BLOCK  # tokens per prefix cache block
 
     def seq_capacity(self, context_length: int) -> int:
         """Tokens (prompt + output) one sequence may hold: its row of the pool."""
@@ -193,12 +205,29 @@ class Scheduler:
         # A row also takes the block verified after the sequence's last token
         # (new_cache adds room for the decoder's row padding).
         self.pool = target.decoder.new_cache(config.max_batch, self.capacity + k_max + 1)
+        self.prefix, self.draft_prefix = self._prefix_caches(config)
         self.stats = SchedulerStats()
         self._lock = threading.Condition()
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._running: list[Ticket] = []  # running[i] owns pool row i
         self._thread: threading.Thread | None = None
         self._stopping = False
+
+    def _prefix_caches(self, config: SchedulerConfig) -> tuple[PrefixCache | None, PrefixCache | None]:
+        """The target's prefix cache and a model drafter's, the budget split by their bytes per token."""
+        if config.prefix_cache_bytes < 0:
+            raise AuguryError(f"prefix cache budget must be >= 0 bytes, got {config.prefix_cache_bytes}")
+        if config.prefix_cache_bytes == 0 or needs_prompt_states(self.proposer):
+            return None, None
+        target_bytes = kv_bytes_per_token(self.pool)
+        draft_bytes = getattr(self.proposer, "prefix_token_bytes", lambda: 0)()
+        share = config.prefix_cache_bytes * target_bytes // (target_bytes + draft_bytes)
+        target = PrefixCache(share, config.prefix_block)
+        if not draft_bytes:
+            return target, None
+        drafter = PrefixCache(config.prefix_cache_bytes - share, config.prefix_block)
+        self.proposer.use_prefix_cache(drafter)
+        return target, drafter
 
     # -- public, any thread -------------------------------------------------------------
 
@@ -313,8 +342,12 @@ class Scheduler:
         ticket.admitted_at = t0
         row = len(self._running)
         self._running.append(ticket)
+        view = self.pool.rows(row, row + 1)
         try:
-            deltas = prefill(self.target, request, self.pool.rows(row, row + 1))
+            cached = 0
+            if self.prefix is not None:
+                cached = self.prefix.take(request.seq.tokens, len(request.seq.tokens) - 1, view)
+            deltas = prefill(self.target, request, view, cached)
         except AuguryError as exc:
             self._release(ticket, Failed("invalid", str(exc)))
             return
@@ -324,6 +357,8 @@ class Scheduler:
             return
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.prompt_tokens += len(ticket.prompt_ids)
+        if self.prefix is not None and not ticket.cancelled:
+            self.prefix.store(request.seq.prompt, view, owner=request.seq.id)
         self._emit_deltas(ticket, deltas)
         if request.done:
             self._release(ticket)
@@ -410,6 +445,9 @@ class Scheduler:
         """Take a ticket out of the batch: close it, report how it ended, free its row at once."""
         request = ticket.request
         row = self._running.index(ticket)
+        kept = failure is None and not cancelled
+        if self.prefix is not None and kept:
+            self.prefix.store(request.seq.tokens[: request.cache_length()], self.pool, row, owner=request.seq.id)
         last = len(self._running) - 1
         if row != last:
             # Keep running sequences in rows 0..n-1: move the last one into the hole.
@@ -420,6 +458,9 @@ class Scheduler:
             request.close()
         except Exception:
             log.exception("closing request %d failed", ticket.id)
+        for prefix in (self.prefix, self.draft_prefix):
+            if prefix is not None:
+                prefix.settle(request.seq.id, kept)
         request.stats.total_s = time.perf_counter() - (ticket.admitted_at or time.perf_counter())
         ticket.request = None
         self.stats.generated_tokens += request.stats.generated_tokens

@@ -17,6 +17,11 @@ proposed):
   Qwen the output matrix is over a quarter of all weights) while nearly every
   drafted token stays reachable; tokens past N are still produced by the target
   as recovered or bonus tokens.
+
+With a prefix cache (`use_prefix_cache`, given by the batching scheduler) a
+sequence starts on the rows the drafter kept of earlier sequences with the same
+start, and its rows are kept when it finishes. The drafter's rows only shape its
+guesses, never what the target commits.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch
 from augury.cache import CacheGroup, KVCache, draft_room, slots_for
 from augury.errors import AuguryError
 from augury.models.loader import Model
+from augury.prefix_cache import PrefixCache
 from augury.proposers.base import Draft, ProposerBase, Sequence
 from augury.sampling import draw, probabilities, sample
 from augury.verify import VerifyResult
@@ -88,6 +94,16 @@ class DraftModelProposer(ProposerBase):
         self.confidence = confidence
         self.states: dict[int, _DraftState] = {}
         self._forwards = 0
+        self.prefix: PrefixCache | None = None
+
+    def prefix_token_bytes(self) -> int:
+        """K/V bytes one token takes in this drafter's cache (the scheduler splits a prefix cache budget by it)."""
+        c = self.decoder.config
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.decoder.dtype.itemsize
+
+    def use_prefix_cache(self, prefix: PrefixCache) -> None:
+        """Start sequences on the rows of earlier ones with the same start, and keep each finished one's rows."""
+        self.prefix = prefix
 
     @property
     def forwards(self) -> int:
@@ -107,6 +123,8 @@ class DraftModelProposer(ProposerBase):
         (longest) one, and at most START_ROWS rows unless one block is longer.
         """
         todo = sorted(seqs, key=lambda seq: -len(seq.tokens))
+        if self.prefix is not None:
+            todo = [seq for seq in todo if not self._start_from_prefix(seq)]
         while todo:
             longest = len(todo[0].tokens) - 1  # the longest block: every token but the last
             fits = max(1, START_ROWS // max(longest, 1))
@@ -119,6 +137,19 @@ class DraftModelProposer(ProposerBase):
             self.states.update((seq.id, state) for seq, state in zip(group, states))
             if longest > 0:
                 self._feed(states, [seq.tokens[:-1] for seq in group], want_logits=False, cache=pool)
+
+    def _start_from_prefix(self, seq: Sequence) -> bool:
+        """Start a sequence alone on the prefix cache's rows of its start, then feed the rest; False if none are cached."""
+        block = seq.tokens[:-1]
+        if self.prefix.lookup(block, len(block)).length == 0:
+            self.prefix.misses += 1
+            return False
+        cache = self.decoder.new_cache(1, slots_for(len(seq.tokens), seq.params.max_tokens))
+        state = _DraftState(cache=cache, fed=self.prefix.take(block, len(block), cache), drafted=[])
+        self.states[seq.id] = state
+        if state.fed < len(block):
+            self._feed([state], [block[state.fed :]], want_logits=False)
+        return True
 
     def _feed(
         self, states: list[_DraftState], blocks: list[list[int]], want_logits: bool = True,
@@ -237,7 +268,10 @@ class DraftModelProposer(ProposerBase):
         state.drafted = []
 
     def finish(self, seq: Sequence) -> None:
-        self.states.pop(seq.id, None)
+        """Free the sequence's state; with a prefix cache, keep its rows there (owned by it until the driver settles)."""
+        state = self.states.pop(seq.id, None)
+        if state is not None and self.prefix is not None:
+            self.prefix.store(seq.tokens[: state.fed], state.cache, owner=seq.id)
 
 
 def build(target: Model, options) -> DraftModelProposer:

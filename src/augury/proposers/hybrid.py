@@ -45,6 +45,13 @@ class HybridProposer(ProposerBase):
     def forwards(self) -> int:
         return self.matcher.forwards + self.model.forwards
 
+    def prefix_token_bytes(self) -> int:
+        """The model part's K/V bytes per token where it keeps a prefix cache, else 0 (see the scheduler)."""
+        return getattr(self.model, "prefix_token_bytes", lambda: 0)()
+
+    def use_prefix_cache(self, prefix) -> None:
+        self.model.use_prefix_cache(prefix)
+
     def start(self, seq: Sequence, prompt_hidden=None) -> None:
         self.matcher.start(seq, prompt_hidden)
         self.model.start(seq, prompt_hidden)
