@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
 import sys
 
@@ -41,6 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="KV cache slots for all sequences together, split evenly between --max-batch rows "
         "(default: max batch x min(context, 4096))",
+    )
+    g.add_argument(
+        "--prefix-cache-gb",
+        default="0.25",
+        metavar="GB",
+        help="memory for K/V rows of earlier prompts and chats, reused by requests that start with the same "
+        "tokens (least recently used evicted first; default 0.25; 0 disables)",
     )
     g.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask (default 4096)")
     g.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt accepted (default: what fits)")
@@ -82,9 +90,24 @@ def _check_args(args: argparse.Namespace) -> None:
     for name in ("header_timeout", "body_timeout", "shutdown_timeout"):
         if not getattr(args, name) >= (1.0 if name == "shutdown_timeout" else 0.1):
             raise AuguryError(f"--{name.replace('_', '-')} is too short: {getattr(args, name)} s")
+    prefix_cache_bytes(args.prefix_cache_gb)
     for origin in args.allow_origin:
         if origin != "*" and not origin.startswith(("http://", "https://")):
             raise AuguryError(f"--allow-origin takes scheme://host[:port] (e.g. http://localhost:3000), got {origin!r}")
+
+
+def prefix_cache_bytes(text: str) -> int:
+    """--prefix-cache-gb as bytes: a finite number of GB, >= 0, below this machine's memory (one-line errors)."""
+    try:
+        gb = float(text)
+    except ValueError:
+        raise AuguryError(f"--prefix-cache-gb takes a number of GB (0 disables it), got {text!r}") from None
+    if not math.isfinite(gb) or gb < 0:
+        raise AuguryError(f"--prefix-cache-gb must be a finite number of GB >= 0 (0 disables it), got {text!r}")
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if gb * 2**30 >= memory:
+        raise AuguryError(f"--prefix-cache-gb {text} is more than this machine's {memory / 2**30:.1f} GB of memory")
+    return int(gb * 2**30)
 
 
 def _is_loopback(host: str) -> bool:
@@ -130,6 +153,7 @@ def run_serve(args: argparse.Namespace) -> int:
             kv_budget_tokens=args.kv_budget_tokens,
             k=args.k,
             adaptive_k=not args.fixed_k,
+            prefix_cache_bytes=prefix_cache_bytes(args.prefix_cache_gb),
         ),
     )
     config = ServerConfig(

@@ -26,7 +26,8 @@ def render(scheduler: Scheduler, responses: Counter) -> str:
     ])
     metric("http_responses_total", "counter", "HTTP responses by status code.",
            [(f'{{code="{code}"}}', count) for code, count in sorted(responses.items())])
-    metric("prompt_tokens_total", "counter", "Prompt tokens prefilled.", [("", s.prompt_tokens)])
+    metric("prompt_tokens_total", "counter", "Prompt tokens of admitted requests (prefilled or read from the prefix "
+           "cache).", [("", s.prompt_tokens)])
     metric("generated_tokens_total", "counter", "Tokens generated.", [("", s.generated_tokens)])
     metric("drafted_tokens_total", "counter", "Tokens proposed by the drafter.", [("", s.drafted)])
     metric("accepted_tokens_total", "counter", "Drafted tokens the target accepted.", [("", s.accepted)])
@@ -42,4 +43,18 @@ def render(scheduler: Scheduler, responses: Counter) -> str:
     metric("verification_seconds_total", "counter", "Seconds in batched target forwards and verification.",
            [("", float(s.verify_s))])
     metric("prefill_seconds_total", "counter", "Seconds spent prefilling prompts.", [("", float(s.prefill_s))])
+    caches = [(f'{{model="{name}"}}', cache) for name, cache in (("target", scheduler.prefix),
+              ("drafter", scheduler.draft_prefix)) if cache is not None]
+    metric("prefix_cache_hits_total", "counter", "Prompts that started on rows of the prefix cache.",
+           [(labels, c.hits) for labels, c in caches])
+    metric("prefix_cache_misses_total", "counter", "Prompts the prefix cache held no start of.",
+           [(labels, c.misses) for labels, c in caches])
+    metric("prefix_cache_saved_tokens_total", "counter", "Prompt tokens read from the prefix cache instead of "
+           "prefilled.", [(labels, c.saved_tokens) for labels, c in caches])
+    metric("prefix_cache_evictions_total", "counter", "Prefix cache blocks evicted to stay in the budget.",
+           [(labels, c.evictions) for labels, c in caches])
+    metric("prefix_cache_bytes", "gauge", "Bytes of K/V rows the prefix cache holds.",
+           [(labels, c.bytes) for labels, c in caches])
+    metric("prefix_cache_budget_bytes", "gauge", "The prefix cache's budget in bytes.",
+           [(labels, c.budget) for labels, c in caches])
     return "\n".join(lines) + "\n"
