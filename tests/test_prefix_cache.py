@@ -1,0 +1,356 @@
+"""The prefix cache: rows of earlier sequences reused, never another prefix's, under a budget, gone with a disconnect.
+
+Bits: a prompt of at most the decoder's row-attention limit (64 tokens) is
+prefilled row by row, each row's bits its own, so rows read from the cache are
+the bits a fresh prefill writes and greedy text is identical (tested for every
+drafter). A longer prompt's fresh prefill is one masked call whose matmuls'
+bits depend on the row count, so there the test bounds how far the served
+distribution at every position is from the uncached one (exactly, not by
+sampling: 1e-5 in log-probability, where serving another prefix's rows moves
+it by whole units).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+
+import pytest
+import torch
+
+from augury.cli import main
+from augury.engine import Engine
+from augury.errors import AuguryError
+from augury.prefix_cache import PrefixCache
+from augury.sampling import SamplingParams
+from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig
+from augury.server.prometheus import render
+from tests.proposer_cases import PROPOSER_CASES, make_proposer
+from tests.tiny import tiny_model
+
+VOCAB = 24
+BLOCK = 4
+BUDGET = 10**7
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(vocab=VOCAB, seed=3, hidden=32, layers=3)
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+class Recording:
+    """Wraps a decoder: records each forward's block width; `during(width)` may act inside a forward."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.widths: list[int] = []
+        self.during = None
+
+    def forward(self, tokens, *args, **kwargs):
+        self.widths.append(tokens.shape[1])
+        if self.during is not None:
+            self.during(tokens.shape[1])
+        return self.inner.forward(tokens, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def generate(scheduler: Scheduler, prompt: list[int], params: SamplingParams):
+    """One request through a running scheduler, waited for; its result."""
+    ended = []
+    done = threading.Event()
+
+    def on_event(event) -> None:
+        if isinstance(event, (Finished, Failed)):
+            ended.append(event)
+            done.set()
+
+    scheduler.submit(prompt, params, on_event)
+    assert done.wait(300), "the scheduler stopped answering"
+    assert isinstance(ended[0], Finished), ended[0]
+    return ended[0].result
+
+
+def one_by_one(scheduler: Scheduler, prompts: list[list[int]], params: SamplingParams) -> list:
+    """Each prompt alone, after the previous one finished (so it can read that one's rows)."""
+    scheduler.start()
+    try:
+        return [generate(scheduler, prompt, params) for prompt in prompts]
+    finally:
+        scheduler.stop()
+
+
+def chat_prompts() -> list[list[int]]:
+    """Prompts that share starts: a system prompt with two questions, then a second turn of the first (<= 64 tokens)."""
+    system = tokens(21, seed=1)
+    first, second = system + tokens(6, seed=2), system + tokens(9, seed=3)
+    return [first, second, first[:-1] + [(first[-1] + 1) % VOCAB]]
+
+
+# -- greedy text: identical with and without the cache, for every drafter ---------------------
+
+
+@pytest.mark.parametrize("case", [None, *PROPOSER_CASES], ids=["plain", *[c.name for c in PROPOSER_CASES]])
+def test_greedy_text_is_identical_with_and_without_the_prefix_cache(case, target):
+    params = SamplingParams(max_tokens=12)
+    prompts = chat_prompts()
+    plain = Engine(target)
+    first = plain.generate(prompts[0], params).token_ids
+    prompts.append(prompts[0] + first + tokens(5, seed=4))  # the chat's second turn: history + answer + question
+    want = [plain.generate(p, params).token_ids for p in prompts]
+    proposer = make_proposer(case, target) if case is not None else None
+    config = SchedulerConfig(max_batch=2, k=4, adaptive_k=False, prefix_cache_bytes=BUDGET, prefix_block=BLOCK)
+    scheduler = Scheduler(target, proposer, config)
+    got = [r.token_ids for r in one_by_one(scheduler, prompts, params)]
+    assert got == want, f"{case and case.name}: text with the prefix cache differs from plain greedy"
+    cache = scheduler.prefix
+    assert cache.hits == 3 and cache.saved_tokens >= 3 * 20, f"the cache served too little: {cache.hits} hits"
+    if case is not None and case.name.startswith(("model", "quantized", "layerskip", "hybrid")):
+        assert scheduler.draft_prefix is not None and scheduler.draft_prefix.hits > 0, "the drafter never reused rows"
+    if case is not None:
+        assert scheduler.stats.drafted > 0, f"{case.name} never drafted: the check proved nothing"
+
+
+def test_a_drafter_that_reads_the_prompts_states_skips_the_cache(target):
+    from tests.test_step import Listening
+
+    scheduler = Scheduler(target, Listening(), SchedulerConfig(max_batch=2, k=3, prefix_cache_bytes=BUDGET))
+    assert scheduler.prefix is None and scheduler.draft_prefix is None
+    one_by_one(scheduler, chat_prompts(), SamplingParams(max_tokens=6))  # Listening asserts it saw every state
+
+
+# -- rows are reused, counted in prefill tokens and in /metrics --------------------------------
+
+
+def test_a_second_request_sharing_a_prefix_prefills_only_the_rest(target):
+    model = tiny_model(vocab=VOCAB, seed=3, hidden=32, layers=3)
+    recording = model.decoder = Recording(model.decoder)
+    config = SchedulerConfig(max_batch=2, prefix_cache_bytes=BUDGET, prefix_block=16)
+    scheduler = Scheduler(model, None, config)
+    shared = tokens(35, seed=5)
+    params = SamplingParams(max_tokens=3)
+    prefills = []
+    scheduler.start()
+    for prompt in (shared + [1, 2], shared + [3, 4, 5]):
+        recording.widths.clear()
+        generate(scheduler, prompt, params)
+        prefills.append(recording.widths[0])
+    scheduler.stop()
+    assert prefills == [37, 38 - 32], "the second prompt should prefill only past its two cached blocks"
+    text = render(scheduler, Counter())
+    for line in ('augury_prefix_cache_hits_total{model="target"} 1',
+                 'augury_prefix_cache_misses_total{model="target"} 1',
+                 'augury_prefix_cache_saved_tokens_total{model="target"} 32',
+                 f'augury_prefix_cache_bytes{{model="target"}} {scheduler.prefix.bytes}'):
+        assert line in text.splitlines(), f"{line!r} missing from /metrics"
+    assert scheduler.prefix.bytes > 0
+
+
+# -- never another prefix's rows ----------------------------------------------------------------
+
+
+def fresh_rows(target, seq: list[int]):
+    """The keys and values a fresh prefill writes for seq: [layers, H_kv, len, D] each."""
+    cache = target.decoder.new_cache(1, len(seq) + 8)
+    target.decoder.forward(torch.tensor([seq]), cache)
+    return cache.copy_rows(0, 0, len(seq))
+
+
+def stored_cache(target, seqs: list[list[int]]) -> PrefixCache:
+    prefix = PrefixCache(BUDGET, BLOCK)
+    for seq in seqs:
+        cache = target.decoder.new_cache(1, len(seq) + 8)
+        target.decoder.forward(torch.tensor([seq]), cache)
+        prefix.store(seq, cache)
+    return prefix
+
+
+def common(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def test_random_queries_get_exactly_their_own_prefixs_rows(target):
+    """Over a 3-token vocabulary many stored sequences share starts; each query gets the longest start any
+    stored sequence's whole blocks share with it, and those rows are bitwise a fresh prefill's of the query."""
+    rng = random.Random(7)
+    stored = [[rng.randrange(3) for _ in range(rng.randrange(5, 30))] for _ in range(8)]
+    prefix = stored_cache(target, stored)
+    for _ in range(60):
+        query = rng.choice(stored)[: rng.randrange(1, 30)] + [rng.randrange(3) for _ in range(rng.randrange(0, 8))]
+        limit = len(query) - 1
+        want = min(limit, max(min(common(query, s), len(s) // BLOCK * BLOCK) for s in stored))
+        cache = target.decoder.new_cache(1, 64)
+        got = prefix.take(query, limit, cache)
+        assert got == want, f"served {got} rows for {query}, its longest cached start is {want}"
+        if got:
+            keys, values = fresh_rows(target, query)
+            assert cache.lengths == [got]
+            assert torch.equal(cache.copy_rows(0, 0, got)[0], keys[:, :, :got]), "served rows of another prefix"
+            assert torch.equal(cache.copy_rows(0, 0, got)[1], values[:, :, :got])
+
+
+@pytest.mark.parametrize("where", ["last token of a block", "last token of the prompt", "middle"])
+def test_a_prompt_that_differs_gets_only_the_rows_before_the_difference(where, target):
+    stored = tokens(24, seed=8)
+    position = {"last token of a block": 15, "last token of the prompt": 23, "middle": 9}[where]
+    query = list(stored)
+    query[position] = (query[position] + 1) % VOCAB
+    prefix = stored_cache(target, [stored])
+    cache = target.decoder.new_cache(1, 64)
+    assert prefix.take(query, len(query) - 1, cache) == position
+    assert torch.equal(cache.copy_rows(0, 0, position)[0], fresh_rows(target, query)[0][:, :, :position])
+    params = SamplingParams(max_tokens=10)
+    scheduler = Scheduler(target, None, SchedulerConfig(max_batch=1, prefix_cache_bytes=BUDGET, prefix_block=BLOCK))
+    got = one_by_one(scheduler, [stored, query], params)
+    assert scheduler.prefix.saved_tokens == position
+    assert got[1].token_ids == Engine(target).generate(query, params).token_ids
+
+
+# -- the budget: least recently used leaves go first ----------------------------------------------
+
+
+def _cache_for(target, seq: list[int]):
+    """A cache holding a fresh prefill of seq."""
+    cache = target.decoder.new_cache(1, len(seq) + 8)
+    target.decoder.forward(torch.tensor([seq]), cache)
+    return cache
+
+
+def test_eviction_keeps_the_budget_and_drops_the_least_recently_used_leaf(target):
+    a, b, c, d = (tokens(BLOCK, seed=s) for s in (10, 11, 12, 13))
+    one = stored_cache(target, [a])
+    prefix = PrefixCache(3 * one.bytes, BLOCK)  # room for three blocks
+    for seq in (a, b, a + c):  # a, b, then a's child c (a is touched after c: a parent is never older)
+        prefix.store(seq, _cache_for(target, seq))
+    assert len(prefix) == 3 and prefix.bytes == 3 * one.bytes
+    prefix.take(b + [0], BLOCK, target.decoder.new_cache(1, 16))  # b is now the most recently used
+    prefix.store(d, _cache_for(target, d))
+    assert prefix.bytes <= prefix.budget and prefix.evictions == 1
+    assert prefix.lookup(a + c, 2 * BLOCK).length == BLOCK, "c, the least recently used, should have gone"
+    assert prefix.lookup(b, BLOCK).length == BLOCK and prefix.lookup(d, BLOCK).length == BLOCK
+    prefix.store(b + c, _cache_for(target, b + c))  # b's new child evicts a (a leaf now), never its own parent b
+    assert prefix.lookup(a, BLOCK).length == 0 and prefix.lookup(b + c, 2 * BLOCK).length == 2 * BLOCK
+    assert prefix.bytes <= prefix.budget and prefix.evictions == 2
+
+
+def test_the_scheduler_stays_within_its_budget(target):
+    one = stored_cache(target, [tokens(BLOCK, seed=1)]).bytes
+    scheduler = Scheduler(target, None, SchedulerConfig(max_batch=2, prefix_cache_bytes=5 * one, prefix_block=BLOCK))
+    scheduler.start()
+    for seed in range(6):
+        generate(scheduler, tokens(13, seed=20 + seed), SamplingParams(max_tokens=8))
+        assert scheduler.prefix.bytes <= scheduler.prefix.budget
+    scheduler.stop()
+    assert scheduler.prefix.evictions > 0
+
+
+# -- a disconnect frees its row and its cache entries at once --------------------------------------
+
+
+@pytest.mark.parametrize("when", ["prefill", "first step"])
+def test_a_disconnect_frees_its_row_and_its_own_cache_entries(when, target):
+    model = tiny_model(vocab=VOCAB, seed=3, hidden=32, layers=3)
+    recording = model.decoder = Recording(model.decoder)
+    proposer = make_proposer(PROPOSER_CASES[0], model)
+    config = SchedulerConfig(max_batch=2, k=3, adaptive_k=False, prefix_cache_bytes=BUDGET, prefix_block=BLOCK)
+    scheduler = Scheduler(model, proposer, config)
+    shared = tokens(17, seed=30)
+    scheduler.start()
+    generate(scheduler, shared + [1, 2, 3], SamplingParams(max_tokens=6))
+    kept = scheduler.prefix.bytes, scheduler.draft_prefix.bytes
+    assert kept[0] > 0 and kept[1] > 0
+    ended = threading.Event()
+    events = []
+
+    def on_event(event) -> None:
+        events.append(event)
+        if isinstance(event, (Finished, Failed)):
+            ended.set()
+
+    ticket = scheduler.submit(shared + tokens(14, seed=31), SamplingParams(max_tokens=20), on_event)
+    recording.widths.clear()
+    # the prefill reads 15 tokens past the 16 cached; a step's block is at most k + 1 = 4
+    recording.during = lambda width: scheduler.cancel(ticket) if (width > 4) == (when == "prefill") else None
+    try:
+        for _ in range(500):
+            if scheduler.stats.cancelled:
+                break
+            ended.wait(0.01)
+        assert scheduler.stats.cancelled == 1, "the request was never dropped"
+        text = render(scheduler, Counter()).splitlines()
+    finally:
+        scheduler.stop()
+    assert scheduler.running == 0 and scheduler.queue_length == 0
+    assert (scheduler.prefix.bytes, scheduler.draft_prefix.bytes) == kept, "the cancelled request left blocks behind"
+    assert "augury_running 0" in text and "augury_queue_length 0" in text
+    assert f'augury_prefix_cache_bytes{{model="target"}} {kept[0]}' in text
+    assert not any(isinstance(e, Finished) for e in events)
+
+
+def test_a_disconnect_alone_leaves_every_gauge_at_zero(target):
+    scheduler = Scheduler(target, None, SchedulerConfig(max_batch=1, prefix_cache_bytes=BUDGET, prefix_block=BLOCK))
+    ticket = scheduler.submit(tokens(30, seed=40), SamplingParams(max_tokens=40), lambda event: None)
+    scheduler.cancel(ticket)
+    ticket2 = scheduler.submit(tokens(30, seed=41), SamplingParams(max_tokens=40), lambda event: None)
+    original = scheduler._step
+
+    def step_then_cancel() -> None:
+        original()
+        scheduler.cancel(ticket2)
+
+    scheduler._step = step_then_cancel
+    scheduler.start()
+    try:
+        for _ in range(500):
+            if scheduler.stats.cancelled == 2 and scheduler.running == 0:
+                break
+            threading.Event().wait(0.01)
+    finally:
+        scheduler.stop()
+    text = render(scheduler, Counter()).splitlines()
+    for gauge in ("augury_running 0", "augury_queue_length 0", 'augury_prefix_cache_bytes{model="target"} 0'):
+        assert gauge in text, f"{gauge!r} not in /metrics after the disconnects"
+    assert len(scheduler.prefix) == 0
+
+
+# -- prompts past the row-attention limit: the distribution, not the bits ---------------------------
+
+
+def test_long_prompts_from_the_cache_keep_every_positions_distribution(target):
+    """Past 64 tokens a fresh prefill is one masked call, so cached rows may differ in the last bits. The
+    log-probability of every output token (seeded sampling, so the same tokens) stays within 1e-5 of
+    the uncached run's; rows of another prefix would move it by whole units (checked below)."""
+    shared = tokens(80, seed=50)
+    prompt = shared + tokens(12, seed=51)
+    params = SamplingParams(max_tokens=16, temperature=1.0, seed=5, logprobs=0)
+    want = Engine(target).generate(prompt, params)
+    scheduler = Scheduler(target, None, SchedulerConfig(max_batch=1, prefix_cache_bytes=BUDGET, prefix_block=16))
+    got = one_by_one(scheduler, [shared + [1], prompt], params)[1]
+    assert scheduler.prefix.saved_tokens == 80
+    assert got.token_ids == want.token_ids
+    gap = max(abs(a.logprob - b.logprob) for a, b in zip(got.logprobs, want.logprobs))
+    assert gap < 1e-5, f"a cached prefix moved a token's log-probability by {gap:.2e}"
+    other = Engine(target).generate(tokens(80, seed=52) + prompt[80:], params)  # what another prefix gives
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(other.logprobs, want.logprobs)) > 1e-2
+
+
+# -- configuration ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "abc", "", "1e9"])
+def test_bad_prefix_cache_sizes_are_one_line_errors(value, capsys):
+    assert main(["serve", "--model", "no-such-model", "--prefix-cache-gb", value]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--prefix-cache-gb" in err, err
+
+
+def test_zero_disables_the_cache_and_a_negative_budget_is_refused(target):
+    assert Scheduler(target, None, SchedulerConfig(prefix_cache_bytes=0)).prefix is None
+    with pytest.raises(AuguryError, match="prefix cache budget"):
+        Scheduler(target, None, SchedulerConfig(prefix_cache_bytes=-1))
