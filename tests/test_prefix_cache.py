@@ -354,3 +354,37 @@ def test_zero_disables_the_cache_and_a_negative_budget_is_refused(target):
     assert Scheduler(target, None, SchedulerConfig(prefix_cache_bytes=0)).prefix is None
     with pytest.raises(AuguryError, match="prefix cache budget"):
         Scheduler(target, None, SchedulerConfig(prefix_cache_bytes=-1))
+
+
+# -- through the HTTP API: a chat's second turn -------------------------------------------------------
+
+
+def test_a_chats_second_turn_reads_the_first_turns_rows_through_the_api():
+    """Two turns of one chat over /v1/chat/completions: the second prompt (history, answer, question) starts
+    on the first turn's rows, and /metrics says so."""
+    from starlette.testclient import TestClient
+
+    from augury.server import ServerConfig, create_app
+    from tests.test_server import MODEL, tiny_pair
+
+    model, _ = tiny_pair()
+    config = SchedulerConfig(max_batch=2, prefix_cache_bytes=BUDGET)
+    app = create_app(model, Scheduler(model, None, config), ServerConfig(model_name=MODEL, max_tokens_limit=64))
+    messages = [{"role": "system", "content": "You answer in short words"}, {"role": "user", "content": "Say hi"}]
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        first = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 24})
+        assert first.status_code == 200, first.text
+        answer = first.json()["choices"][0]["message"]["content"]
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Again"}]
+        second = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 8})
+        assert second.status_code == 200, second.text
+        metrics = client.get("/metrics").text.splitlines()
+    assert 'augury_prefix_cache_hits_total{model="target"} 1' in metrics
+    saved = next(line for line in metrics if line.startswith('augury_prefix_cache_saved_tokens_total{model="target"}'))
+    # the first turn's whole blocks, answer included (the rows kept when it completed), as far as they match
+    tokenizer = model.tokenizer
+    history = tokenizer.encode_chat(messages[:2]) + tokenizer.encode(answer)
+    kept = history[: (len(history) - 1) // 16 * 16]
+    want = common(kept, tokenizer.encode_chat(messages))
+    assert want > 32, "the chat is too short to show more than the first prompt's blocks"
+    assert int(saved.split()[-1]) == want, f"the second turn reused {saved.split()[-1]} rows, not {want}"
