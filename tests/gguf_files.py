@@ -3,11 +3,13 @@
 One writer for every family the tests load (tests/test_loading.py, tests/test_families.py): the
 tensor names come from the `gguf` package's own tables (gguf.constants TENSOR_NAMES), the per-family
 changes are the converter's (llama's q/k row permutation, gemma's 1 + w norms, Phi-3's fused
-tensors, the llama3 `rope_freqs` tensor, gemma2's soft-cap and window keys).
+tensors, the llama3 `rope_freqs` tensor, Phi-3's longrope tensors and keys, gemma2's soft-cap and
+window keys).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -132,6 +134,14 @@ def write_hf_as_gguf(
 
         factors = llama3_factors(head_dim, float(rope["rope_theta"]), rope)
         add(TENSOR_NAMES[MODEL_TENSOR.ROPE_FREQS] + ".weight", np.array(factors, dtype=np.float32))
+    if rope.get("rope_type") == "longrope":  # Phi-3 128k: both divisor sets, the pretraining length, the factor
+        original = rope["original_max_position_embeddings"]
+        scale = cfg.max_position_embeddings / original
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        for kind in ("long", "short"):
+            add(TENSOR_NAMES[MODEL_TENSOR[f"ROPE_FACTORS_{kind.upper()}"]] + ".weight",
+                np.array(rope[f"{kind}_factor"], dtype=np.float32))
     for i in range(cfg.num_hidden_layers):
         for theirs, kind in LAYER_TENSORS.items():
             array = sd.get(f"layers.{i}.{theirs}")

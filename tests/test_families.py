@@ -309,14 +309,13 @@ def test_the_cli_says_a_missing_tensor_in_one_line(qwen3, tmp_path):
     assert len(lines) == 1 and "blk.0.ffn_up.weight is missing" in lines[0], proc.stderr
 
 
-def test_longrope_and_partial_rotary_are_refused_by_name(tmp_path):
-    """Phi-3's 128k 'su'/longrope scaling and partial rotary embeddings: one line naming what is missing."""
+def test_partial_rotary_and_yarn_are_refused_by_name(tmp_path):
+    """Partial rotary embeddings and yarn scaling: one line naming what is missing (Phi-3's longrope loads:
+    tests/test_longrope.py)."""
     from augury.models import hf
 
     base = hf_model("phi3").config.to_dict()
     cases = [
-        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
-                              "long_factor": [2.0] * 8, "original_max_position_embeddings": 64}}, "'longrope'"),
         ({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
          "partial rotary"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}}, "'yarn'"),

@@ -44,6 +44,15 @@ def hf_config(arch: str, vocab: int = 96, layers: int = 2):
         return transformers.MistralConfig(**common, head_dim=16, sliding_window=5)
     if arch == "phi3":
         return transformers.Phi3Config(**common, pad_token_id=0, bos_token_id=0, eos_token_id=1)
+    if arch in ("phi3_longrope", "phi3_longrope_4k"):  # Phi-3 128k's scaling, pretrained on 32 positions: the
+        # long model is "loaded" for 64 (long divisors, attention factor sqrt(1 + ln 2 / ln 32)), the other for
+        # 32 (short divisors, factor 1); both sets far from 1 and from each other, so a wrong one shows
+        scaling = dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                       long_factor=[1.0, 1.5, 2.5, 4.0, 7.0, 12.0, 20.0, 32.0])
+        positions = 64 if arch == "phi3_longrope" else 32
+        return transformers.Phi3Config(**{**common, "max_position_embeddings": positions}, rope_parameters=scaling,
+                                       original_max_position_embeddings=32, pad_token_id=0, bos_token_id=0,
+                                       eos_token_id=1)
     if arch == "gemma2":  # small caps, so that soft-capping changes the numbers
         return transformers.Gemma2Config(
             **{**common, "num_hidden_layers": max(layers, 2), "tie_word_embeddings": True},

@@ -6,9 +6,20 @@ Split from decoder.py so the layer code reads as a layer; the native stack
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+
+class RopeConfig(Protocol):
+    """What a rotary table reads of a ModelConfig (a protocol, so this module need not import the decoder's)."""
+
+    head_dim: int
+    rope_theta: float
+    rope_freq_factors: tuple[float, ...] | None
+    rope_attn_factor: float
 
 
 def softcap(x: Tensor, cap: float | None) -> Tensor:
@@ -50,8 +61,10 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class RopeTable:
     """cos/sin for positions 0..n-1, grown on demand, in the model dtype.
 
-    A scaled RoPE (Llama 3.x, linear) only changes the frequencies, so every user of the
-    table (the torch layer, and the C++ layer fed from an fp32 table) gets the scaling for free.
+    A scaled RoPE (Llama 3.x, linear, Phi-3's longrope) only changes the frequencies and, for
+    longrope, multiplies cos and sin by an attention factor (so q.k by its square, as transformers
+    does); every user of the table (the torch layer, and the C++ layer fed from an fp32 table)
+    gets the scaling for free.
     """
 
     def __init__(
@@ -61,14 +74,23 @@ class RopeTable:
         dtype: torch.dtype,
         device: torch.device,
         factors: tuple[float, ...] | None = None,
+        attn_factor: float = 1.0,
     ) -> None:
-        """factors: [D / 2] divisors of the rotary frequencies (linear or llama3 scaling; None: unscaled)."""
+        """factors: [D / 2] divisors of the rotary frequencies (linear, llama3 or longrope; None: unscaled).
+        attn_factor: what cos and sin are multiplied by (longrope's; 1 otherwise)."""
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
         if factors is not None:
             self.inv_freq = self.inv_freq / torch.tensor(factors, dtype=torch.float32, device=device)
+        self.attn_factor = attn_factor
         self.dtype = dtype
         self.cos = torch.empty(0, head_dim, dtype=dtype, device=device)
         self.sin = self.cos
+
+    @classmethod
+    def scaled(cls, config: RopeConfig, dtype: torch.dtype, device: torch.device) -> RopeTable:
+        """The global (full-attention) table of a model, with its RoPE scaling; one home for both decoders."""
+        return cls(config.head_dim, config.rope_theta, dtype, device, config.rope_freq_factors,
+                   config.rope_attn_factor)
 
     def lookup(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions: [B, T] -> cos, sin: [B, 1, T, D]."""
@@ -78,7 +100,8 @@ class RopeTable:
             t = torch.arange(size, dtype=torch.float32, device=self.inv_freq.device)
             freqs = torch.outer(t, self.inv_freq)
             angles = torch.cat((freqs, freqs), dim=-1)
-            self.cos, self.sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+            scale = self.attn_factor  # in fp32, before the cast, as transformers scales them
+            self.cos, self.sin = (angles.cos() * scale).to(self.dtype), (angles.sin() * scale).to(self.dtype)
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 

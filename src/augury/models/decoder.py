@@ -70,6 +70,7 @@ class ModelConfig:
     sliding_pattern: int = 0
     rope_theta_local: float | None = None
     rope_freq_factors: tuple[float, ...] | None = None  # [head_dim / 2] divisors of the global rope's frequencies
+    rope_attn_factor: float = 1.0  # longrope: the global rope's cos and sin are multiplied by it
     query_scale: float | None = None  # defaults to head_dim ** -0.5
     attn_softcap: float | None = None  # gemma2: scores -> cap * tanh(scores / cap) before the softmax
     final_softcap: float | None = None  # gemma2: the same on the output logits
@@ -196,8 +197,7 @@ class Decoder:
         elif padding is None:
             padding = measure_padding(weights, self.dtype)
         self.padding = padding
-        factors = config.rope_freq_factors  # llama3 / linear RoPE scaling
-        self.rope_global = RopeTable(config.head_dim, config.rope_theta, self.dtype, self.device, factors)
+        self.rope_global = RopeTable.scaled(config, self.dtype, self.device)  # linear, llama3, longrope
         self.rope_local = (
             RopeTable(config.head_dim, config.rope_theta_local, self.dtype, self.device)
             if config.rope_theta_local is not None

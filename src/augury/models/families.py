@@ -40,7 +40,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen2", ("qwen2",), {"qkv_bias": True}, notes="Qwen2, Qwen2.5"),
     Family("qwen3", ("qwen3",), {"qk_norm": True}, notes="Qwen3 dense (per-head q/k RMSNorm)"),
     Family("phi3", ("phi3",), fused_qkv=True, fused_gate_up=True,
-           notes="Phi-3/3.5 4k (plain RoPE; longrope refused), fused qkv and gate/up"),
+           notes="Phi-3/3.5 (4k plain RoPE; 128k longrope, its factors chosen by context), fused qkv, gate/up"),
     Family("gemma2", ("gemma2",), {"post_norms": True, "activation": "gelu_tanh"}, norm_plus_one=True,
            embed_scaled=True, sliding_pattern=2, default_window=4096,
            native_layer="no: soft-caps (torch layer)",
@@ -107,6 +107,47 @@ def llama3_factors(head_dim: int, theta: float, params: dict) -> tuple[float, ..
     return tuple(factors)
 
 
+def longrope_factors(head_dim: int, params: dict, context: int, where: str) -> tuple[tuple[float, ...], float]:
+    """Phi-3's `longrope` ('su') scaling: (the chosen per-frequency divisors, the factor on cos and sin).
+
+    transformers switches between the short and the long divisors by the current
+    sequence length; augury's KV cache holds keys already rotated, so a switch
+    mid-sequence would leave the cached keys on the other frequencies. The set is
+    chosen once, by the context the model is loaded with, as llama.cpp does: the
+    long divisors past original_max_position_embeddings, else the short ones. The
+    attention factor is the config's, else sqrt(1 + ln(s) / ln(original)) with
+    s = context / original (1 where s <= 1), transformers' and llama.cpp's default.
+    """
+    original = params.get("original_max_position_embeddings")
+    if not isinstance(original, int) or original <= 0:
+        raise AuguryError(f"{where}longrope scaling needs a positive original_max_position_embeddings, "
+                          f"not {original!r}")
+    chosen = {}
+    for name in ("short_factor", "long_factor"):
+        values = params.get(name)
+        if not isinstance(values, (list, tuple)) or len(values) != head_dim // 2 or not all(
+            isinstance(v, (int, float)) and v > 0 for v in values
+        ):
+            raise AuguryError(f"{where}longrope {name} must be {head_dim // 2} positive numbers (one per rotary "
+                              f"frequency), not {str(values)[:60]}")
+        chosen[name] = tuple(float(v) for v in values)
+    scale = float(params.get("factor") or context / original)
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+    return chosen["long_factor" if context > original else "short_factor"], float(attention)
+
+
+def rope_scaling(
+    kind: str, head_dim: int, theta: float, params: dict, context: int, where: str
+) -> tuple[tuple[float, ...] | None, float]:
+    """(per-frequency divisors, None if unscaled; the factor on cos and sin) for a RoPE scaling type, or one
+    clear refusal naming it. context: the length the model is loaded for (longrope picks its divisors by it)."""
+    if kind in ("longrope", "su"):
+        return longrope_factors(head_dim, params, context, where)
+    return rope_factors(kind, head_dim, theta, params, where), 1.0
+
+
 def rope_factors(kind: str, head_dim: int, theta: float, params: dict, where: str) -> tuple[float, ...] | None:
     """Per-frequency divisors for a RoPE scaling type (None: unscaled), or one clear refusal naming it."""
     if kind in ("default", "none", ""):
@@ -115,5 +156,4 @@ def rope_factors(kind: str, head_dim: int, theta: float, params: dict, where: st
         return (float(params["factor"]),) * (head_dim // 2)
     if kind == "llama3":
         return llama3_factors(head_dim, theta, params)
-    hint = " (Phi-3's long-context 'su' scaling; its 4k variants load)" if kind in ("longrope", "su") else ""
-    raise AuguryError(f"{where}rope scaling type '{kind}'{hint} is not supported (supported: linear, llama3)")
+    raise AuguryError(f"{where}rope scaling type '{kind}' is not supported (supported: linear, llama3, longrope)")

@@ -16,7 +16,7 @@ import torch
 
 from augury.errors import AuguryError
 from augury.models.decoder import ModelConfig
-from augury.models.families import Family, embed_scale, family, rope_factors, sliding_from_layer_types
+from augury.models.families import Family, embed_scale, family, rope_scaling, sliding_from_layer_types
 
 # Quantization types we dequantize (through the gguf package's reference code).
 SUPPORTED_QUANTS = frozenset(
@@ -76,13 +76,22 @@ def read_config(reader, path: Path) -> ModelConfig:
     if rotary != head_dim:
         raise AuguryError(f"{path}: partial rotary embeddings ({rotary} of {head_dim} dims) are not supported")
     tensors = {t.name: t for t in reader.tensors}
-    if "rope_factors_long.weight" in tensors:
-        rope_factors("longrope", head_dim, theta, {}, f"{path}: ")  # refuses, naming it
-    if "rope_freqs.weight" in tensors:  # llama3 scaling, as llama.cpp's converter stores it: one divisor per frequency
+    context = int(need("context_length"))
+    if "rope_factors_long.weight" in tensors or "rope_factors_short.weight" in tensors:
+        # Phi-3's longrope as llama.cpp's converter stores it: both divisor sets as tensors, the pretraining
+        # length and the attention factor as metadata (llama.cpp reads a missing factor as 1)
+        params = {f"{n}_factor": tuple(float(f) for f in _dequantized(tensors[f"rope_factors_{n}.weight"], None, path))
+                  for n in ("short", "long") if f"rope_factors_{n}.weight" in tensors}
+        params["original_max_position_embeddings"] = int(maybe("rope.scaling.original_context_length", context))
+        params["attention_factor"] = float(maybe("rope.scaling.attn_factor", 1.0))
+        factors, attn_factor = rope_scaling("longrope", head_dim, theta, params, context, f"{path}: ")
+    elif "rope_freqs.weight" in tensors:  # llama3 scaling as llama.cpp's converter stores it: a divisor per frequency
         factors = tuple(float(f) for f in _dequantized(tensors["rope_freqs.weight"], None, path).flatten())
+        attn_factor = 1.0
     else:
         kind = str(maybe("rope.scaling.type", "none"))
-        factors = rope_factors(kind, head_dim, theta, {"factor": maybe("rope.scaling.factor", 1.0)}, f"{path}: ")
+        factors, attn_factor = rope_scaling(kind, head_dim, theta, {"factor": maybe("rope.scaling.factor", 1.0)},
+                                            context, f"{path}: ")
     pattern = maybe("attention.sliding_window_pattern")
     if window and isinstance(pattern, list):  # newer files list which layers slide
         layer_types = ["sliding_attention" if slides else "full_attention" for slides in pattern]
@@ -103,10 +112,11 @@ def read_config(reader, path: Path) -> ModelConfig:
         head_dim=head_dim,
         rms_eps=float(need("attention.layer_norm_rms_epsilon")),
         rope_theta=theta,
-        context_length=int(need("context_length")),
+        context_length=context,
         tie_embeddings="output.weight" not in tensors,
         embed_scale=embed_scale(fam, hidden),
         rope_freq_factors=factors,
+        rope_attn_factor=attn_factor,
         **{name: float(value) for name, value in optional.items() if value},
         **switches,
     )

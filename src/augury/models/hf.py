@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from augury.errors import AuguryError
 from augury.models.decoder import ModelConfig
-from augury.models.families import BY_HF_TYPE, Family, embed_scale, family, rope_factors, sliding_from_layer_types
+from augury.models.families import BY_HF_TYPE, Family, embed_scale, family, rope_scaling, sliding_from_layer_types
 from augury.models.gguf import cast_flat
 
 
@@ -63,6 +63,10 @@ def read_config(folder: Path) -> ModelConfig:
     theta = theta or 10000.0
     if float(params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0) != 1.0:
         raise AuguryError(f"{where}partial rotary embeddings (partial_rotary_factor < 1) are not supported")
+    context = cfg.get("max_position_embeddings", 4096)
+    if "original_max_position_embeddings" in cfg:  # Phi-3 keeps it beside rope_scaling; transformers prefers it
+        params = {**params, "original_max_position_embeddings": cfg["original_max_position_embeddings"]}
+    factors, attn_factor = rope_scaling(kind, head_dim, theta, params, context, where)
     if "rope_theta_local" in switches:
         switches["rope_theta_local"] = _rope(cfg, "sliding_attention")[0] or switches["rope_theta_local"]
     scalar = cfg.get("query_pre_attn_scalar")
@@ -82,10 +86,11 @@ def read_config(folder: Path) -> ModelConfig:
         head_dim=head_dim,
         rms_eps=cfg.get("rms_norm_eps", 1e-6),
         rope_theta=theta,
-        context_length=cfg.get("max_position_embeddings", 4096),
+        context_length=context,
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         embed_scale=embed_scale(fam, hidden),
-        rope_freq_factors=rope_factors(kind, head_dim, theta, params, where),
+        rope_freq_factors=factors,
+        rope_attn_factor=attn_factor,
         attn_softcap=cfg.get("attn_logit_softcapping"),
         final_softcap=cfg.get("final_logit_softcapping"),
         **switches,

@@ -62,8 +62,9 @@ class NativeStack:
         from augury.models.attention import RopeTable
 
         # fp32 tables: the native layer computes in fp32 (the torch path's are in the model dtype); a
-        # scaled RoPE (llama3, linear) is only other frequencies in the table, so the C++ layer needs nothing.
-        self.rope_global = RopeTable(c.head_dim, c.rope_theta, torch.float32, torch.device("cpu"), c.rope_freq_factors)
+        # scaled RoPE (llama3, linear, longrope's divisors and attention factor) is only other values in
+        # the table, so the C++ layer, which reads cos and sin as given, needs nothing.
+        self.rope_global = RopeTable.scaled(c, torch.float32, torch.device("cpu"))
         self.rope_local = (
             RopeTable(c.head_dim, c.rope_theta_local, torch.float32, torch.device("cpu"))
             if c.rope_theta_local is not None
