@@ -339,40 +339,23 @@ class Decoder:
                 return final
             return torch.cat([native_taken[i].to(self.dtype) for i in hidden_layers] + [final], dim=-1)
         total = max(cache.lengths) + t
-        if t <= self.row_attention_limit:
-            # Each real row attends alone to exactly the keys it sees: the same
-            # call shape whether the token is decoded alone or verified in a block.
-            attend_global = row_key_sets(cache.lengths, positions, block_mask, window=None)
-            attend_local = (
-                row_key_sets(cache.lengths, positions, block_mask, window=c.sliding_window)
-                if c.sliding_window
-                else attend_global
-            )
-        else:
-            attend_global = attention_mask(cache.lengths, positions, total, block_mask, window=None)
-            attend_local = (
-                attention_mask(cache.lengths, positions, total, block_mask, window=c.sliding_window)
-                if c.sliding_window
-                else attend_global
-            )
+
+        def visibility(window: int | None):
+            if t <= self.row_attention_limit:
+                # Each real row attends alone to exactly the keys it sees: the same
+                # call shape whether the token is decoded alone or verified in a block.
+                return row_key_sets(cache.lengths, positions, block_mask, window=window)
+            return attention_mask(cache.lengths, positions, total, block_mask, window=window)
+
+        attend_global = visibility(None)
+        attend_local = visibility(c.sliding_window) if c.sliding_window else attend_global
         rope_global = self.rope_global.lookup(positions)
         rope_local = self.rope_local.lookup(positions) if self.rope_local is not self.rope_global else rope_global
         taken: dict[int, Tensor] = {}
         for i, layer in enumerate(w.layers):
             sliding = c.is_sliding(i)
-            h = rms_norm(x, layer.attn_norm, c.rms_eps)
-            h = self._attention(
-                i, layer, h, cache, rope_local if sliding else rope_global,
-                attend_local if sliding else attend_global, total, padding,
-            )
-            if layer.post_attn_norm is not None:
-                h = rms_norm(h, layer.post_attn_norm, c.rms_eps)
-            x = x + h
-            h = rms_norm(x, layer.mlp_norm, c.rms_eps)
-            h = self._mlp(layer, h, padding)
-            if layer.post_mlp_norm is not None:
-                h = rms_norm(h, layer.post_mlp_norm, c.rms_eps)
-            x = x + h
+            x = self.layer(i, layer, x, cache, rope_local if sliding else rope_global,
+                           attend_local if sliding else attend_global, total, padding)
             if i in hidden_layers:
                 taken[i] = x
         cache.advance(t)
@@ -380,6 +363,22 @@ class Decoder:
         if not hidden_layers:
             return final
         return torch.cat([taken[i] for i in hidden_layers] + [final], dim=-1)
+
+    def layer(self, i: int, layer: LayerWeights, x: Tensor, cache: KVCache | CacheGroup, rope: tuple[Tensor, Tensor],
+              attend, total: int, padding: RowPadding | None = None) -> Tensor:
+        """Decoder layer i over the residual stream x [B, T, hidden] -> [B, T, hidden], writing its K/V.
+
+        Public because a drafter head runs this architecture's layer body through it (models/head.py).
+        """
+        c = self.config
+        h = self._attention(i, layer, rms_norm(x, layer.attn_norm, c.rms_eps), cache, rope, attend, total, padding)
+        if layer.post_attn_norm is not None:
+            h = rms_norm(h, layer.post_attn_norm, c.rms_eps)
+        x = x + h
+        h = self._mlp(layer, rms_norm(x, layer.mlp_norm, c.rms_eps), padding)
+        if layer.post_mlp_norm is not None:
+            h = rms_norm(h, layer.post_mlp_norm, c.rms_eps)
+        return x + h
 
     def _attention(
         self,

@@ -196,7 +196,6 @@ class Head:
         visible: [B, T, cached + T] bool, the whole visibility (training's unrolled depths need
             cached rows hidden too); forces the masked path.
         """
-        c = self.runner.config
         w = self.weights.layer
         batch, t, _ = x.shape
         lengths = cache.lengths
@@ -210,15 +209,9 @@ class Head:
         else:
             attend = attention_mask(lengths, positions, total, block_mask, window=None)
         rope = self.runner.rope_global.lookup(positions)
-        h = self.runner._attention(0, w, rms_norm(x, w.attn_norm, c.rms_eps), cache, rope, attend, total)
-        if w.post_attn_norm is not None:
-            h = rms_norm(h, w.post_attn_norm, c.rms_eps)
-        x = x + h
-        h = self.runner._mlp(w, rms_norm(x, w.mlp_norm, c.rms_eps))
-        if w.post_mlp_norm is not None:
-            h = rms_norm(h, w.post_mlp_norm, c.rms_eps)
+        y = self.runner.layer(0, w, x, cache, rope, attend, total)
         cache.advance(t)
-        return x + h
+        return y
 
     def state(self, y: Tensor) -> Tensor:
         """The head's output [.., H] as the state the next chained row reads (in the target state's space)."""
