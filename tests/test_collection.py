@@ -127,8 +127,8 @@ def test_batched_prefill_gives_each_sequence_its_own_forward(target_dir, tmp_pat
         lo, hi = alone.span(s)
         ids = alone.tokens[lo:hi].tolist()
         cache = target.decoder.new_cache(1, len(ids) + 8)
-        logits, states = target.decoder.forward(torch.tensor([ids]), cache, return_hidden=True,
-                                                hidden_layers=(target.config.num_layers - 1,))
+        logits, states = target.decoder.forward_states(torch.tensor([ids]), cache,
+                                                       states=(target.config.num_layers - 1,))
         assert torch.equal(alone.states[lo:hi], states[0, :, :hidden].to(torch.bfloat16))
         assert torch.equal(alone.topk_ids[lo:hi], logits[0].topk(4, dim=-1).indices)
 
@@ -139,7 +139,8 @@ def test_length_batches_fill_the_token_budget_shortest_first():
     lengths = [50, 10, 300, 10, 600, 40]
     batches = length_batches(lengths, 100)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    assert batches == [[1, 3], [5, 0], [2], [4]]  # 10, 10 (+40 would pad to 120), 40 + 50 padded to 100; long ones alone
+    # 10, 10 (adding 40 would pad to 120), then 40 and 50 padded to 100; long ones alone
+    assert batches == [[1, 3], [5, 0], [2], [4]]
 
 
 def test_train_on_the_default_corpus_records_rates_sources_and_the_curve(target_dir, home, capsys):
@@ -188,8 +189,9 @@ def test_the_gpu_recipe_runs_end_to_end_on_a_cpu_and_writes_pieces(target_dir, h
     script = Path(__file__).resolve().parents[1] / "scripts" / "train-head-gpu.sh"
     out = home / "gpu-head"
     env = {**os.environ, "DEVICE": "cpu", "DTYPE": "fp32", "TOKENS": "4000", "PIECE": "64k", "BATCH": "4",
-           "SEQ_LEN": "128", "PREFILL_TOKENS": "512", "CURVE_AT": "1000,2000", "AUGURY": f"{sys.executable} -m augury.cli",
-           "PYTHON": sys.executable, "EXTRA": "--max-steps 20 --draft-vocab 200 --holdout 0.1"}
+           "SEQ_LEN": "128", "PREFILL_TOKENS": "512", "CURVE_AT": "1000,2000",
+           "AUGURY": f"{sys.executable} -m augury.cli", "PYTHON": sys.executable,
+           "EXTRA": "--max-steps 20 --draft-vocab 200 --holdout 0.1"}
     done = subprocess.run(["bash", str(script), str(target_dir), str(out), "1"], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -197,4 +199,5 @@ def test_the_gpu_recipe_runs_end_to_end_on_a_cpu_and_writes_pieces(target_dir, h
     pieces = sorted(out.glob("head.safetensors.part-*"))
     assert len(pieces) >= 2 and all(p.stat().st_size <= 64 * 1024 for p in pieces)
     assert b"".join(p.read_bytes() for p in pieces) == head
-    assert "held-out alpha by position" in done.stdout and done.stdout.count("tokens seen: alpha") == 2 and "join with: cat head.safetensors.part-*" in done.stdout
+    assert "held-out alpha by position" in done.stdout and done.stdout.count("tokens seen: alpha") == 2
+    assert "join with: cat head.safetensors.part-*" in done.stdout

@@ -279,8 +279,7 @@ def test_greedy_drafts_are_point_masses_inside_the_subset(target):
 
 def _fresh_hidden(model: Model, tokens: list[int], layers: tuple[int, ...]) -> torch.Tensor:
     decoder = model.decoder
-    _, hidden = decoder.forward(torch.tensor([tokens]), decoder.new_cache(1, len(tokens) + 8), return_hidden=True,
-                                hidden_layers=layers)
+    _, hidden = decoder.forward_states(torch.tensor([tokens]), decoder.new_cache(1, len(tokens) + 8), states=layers)
     return hidden[0]
 
 

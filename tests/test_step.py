@@ -58,7 +58,7 @@ def target():
 
 def _fresh_hidden(target, tokens: list[int], layers: tuple[int, ...] = ()) -> torch.Tensor:
     cache = target.decoder.new_cache(1, len(tokens) + 8)
-    _, hidden = target.decoder.forward(torch.tensor([tokens]), cache, return_hidden=True, hidden_layers=layers)
+    _, hidden = target.decoder.forward_states(torch.tensor([tokens]), cache, states=layers)
     return hidden[0]
 
 

@@ -80,10 +80,8 @@ def prefill(target: Model, request: Request, cache: KVCache, cached: int = 0) ->
     else:
         cache.reset()
     tokens = torch.tensor([request.seq.tokens[cached:]], device=decoder.device)
-    out = decoder.forward(
-        tokens, cache, logits_rows=slice(-1, None), return_hidden=wants_hidden, hidden_layers=layers
-    )
-    logits, hidden = out if wants_hidden else (out, None)
+    logits, hidden = decoder.forward_states(tokens, cache, logits_rows=slice(-1, None),
+                                            states=layers if wants_hidden else None)
     request.stats.target_forwards += 1
     seq = request.seq
     probs = probabilities(logits[0, -1:], request.params, seq.prompt, seq.output)
@@ -178,10 +176,8 @@ def step(target: Model, requests: list[Request], cache: KVCache) -> StepReport:
             wanted, layers = _hidden_wanted(r.proposer)
             wants_hidden |= wanted
             hidden_layers = hidden_layers or layers
-    out = decoder.forward(
-        torch.tensor(rows, device=decoder.device), cache, return_hidden=wants_hidden, hidden_layers=hidden_layers
-    )
-    logits, hidden = out if wants_hidden else (out, None)
+    logits, hidden = decoder.forward_states(torch.tensor(rows, device=decoder.device), cache,
+                                            states=hidden_layers if wants_hidden else None)
     forward_s = time.perf_counter() - t0
     results: list[VerifyResult | None] = []
     deltas: list[list[str]] = []

@@ -239,8 +239,14 @@ class Decoder:
             device=self.device,
         )
 
+    def forward(self, tokens: Tensor, cache: KVCache | CacheGroup, *, positions: Tensor | None = None,
+                block_mask: Tensor | None = None, logits_rows: Tensor | slice | None = None) -> Tensor:
+        """Run a block of new tokens, append their K/V to the cache; logits [B, R, V] in fp32 (see forward_states)."""
+        return self.forward_states(tokens, cache, positions=positions, block_mask=block_mask, logits_rows=logits_rows,
+                                   states=None)[0]
+
     @torch.inference_mode()
-    def forward(
+    def forward_states(
         self,
         tokens: Tensor,
         cache: KVCache | CacheGroup,
@@ -248,42 +254,37 @@ class Decoder:
         positions: Tensor | None = None,
         block_mask: Tensor | None = None,
         logits_rows: Tensor | slice | None = None,
-        return_hidden: bool = False,
-        hidden_layers: tuple[int, ...] = (),
-    ) -> Tensor | tuple[Tensor, Tensor]:
+        states: tuple[int, ...] | None = (),
+    ) -> tuple[Tensor, Tensor | None]:
         """Run a block of new tokens and append their K/V to the cache.
 
         tokens: [B, T] token ids.
         positions: [B, T] rope positions; default cache.lengths[b] + arange(T).
         block_mask: [B, T, T] or [T, T] bool, which block tokens each block token
             sees (default causal); the cached prefix is always visible.
-        logits_rows: which of the T rows to project to logits (index tensor or
-            slice); default all.
-        Returns logits [B, R, V] in fp32 and, with return_hidden, hidden
-        states [B, T, hidden * (len(hidden_layers) + 1)]: the outputs of the
-        given layers (the residual stream after each, in the order given), then
-        the final normed state, concatenated on the last axis (EAGLE-3 style
+        logits_rows: which of the T rows to project to logits (index tensor or slice); default all.
+        states: None for no hidden states, else the layers whose outputs come along.
+        Returns logits [B, R, V] in fp32 and the hidden states [B, T, hidden * (len(states) + 1)]
+        (None when states is None): the outputs of the given layers (the residual stream after each,
+        in the order given), then the final normed state, concatenated on the last axis (EAGLE-3 style
         drafters read several depths; MTP/EAGLE-1 heads read the last).
 
-        Every sequence's cache length grows by T; callers truncate what they
-        do not keep.
+        Every sequence's cache length grows by T; callers truncate what they do not keep.
         """
         batch, t = tokens.shape
         if positions is None:
             base = torch.tensor(cache.lengths, device=self.device).unsqueeze(1)
             positions = base + torch.arange(t, device=self.device)
         cache.check_room(t)
-        # Only blocks that attend row by row can give a row its bits alone; a
-        # longer block (a prompt) attends in one masked call anyway, so its
-        # matmuls run unpadded (splitting a prompt into pieces would read the
-        # weights once per piece).
+        # Only blocks that attend row by row can give a row its bits alone; a longer block (a prompt)
+        # attends in one masked call anyway, so its matmuls run unpadded (splitting a prompt into
+        # pieces would read the weights once per piece).
         padding = self.padding if t <= self.row_attention_limit else NO_PADDING
-        hidden = self._run_layers(tokens, positions, cache, block_mask, hidden_layers, padding)
-        final = hidden[..., -self.config.hidden_size :] if hidden_layers else hidden
+        layers = states or ()
+        hidden = self._run_layers(tokens, positions, cache, block_mask, layers, padding)
+        final = hidden[..., -self.config.hidden_size :] if layers else hidden
         logits = self._project(final if logits_rows is None else final[:, logits_rows], padding)
-        if return_hidden:
-            return logits, hidden
-        return logits
+        return logits, (hidden if states is not None else None)
 
     def _linear(
         self, x: Tensor, weight: Tensor | PackedWeight, bias: Tensor | None = None, padding: RowPadding | None = None

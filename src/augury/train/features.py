@@ -179,7 +179,7 @@ def collect(
         padded = torch.tensor([ids + [ids[-1]] * (longest - len(ids)) for ids in rows], device=decoder.device)
         cache = decoder.new_cache(len(rows), slots_for(longest))
         # one logits row (the top-k is taken from the states below, a few hundred rows at a time)
-        _, states = decoder.forward(padded, cache, logits_rows=slice(0, 1), return_hidden=True, hidden_layers=layers)
+        _, states = decoder.forward_states(padded, cache, logits_rows=slice(0, 1), states=layers)
         for b, i in enumerate(batch):
             n = len(rows[b])
             ids, logprobs = top_k(target, states[b, :n, -hidden:], topk)
