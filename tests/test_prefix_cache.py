@@ -51,11 +51,18 @@ class Recording:
         self.widths: list[int] = []
         self.during = None
 
-    def forward(self, tokens, *args, **kwargs):
+    def _record(self, tokens) -> None:
         self.widths.append(tokens.shape[1])
         if self.during is not None:
             self.during(tokens.shape[1])
+
+    def forward(self, tokens, *args, **kwargs):
+        self._record(tokens)
         return self.inner.forward(tokens, *args, **kwargs)
+
+    def forward_states(self, tokens, *args, **kwargs):  # what the step's prefill and verification call
+        self._record(tokens)
+        return self.inner.forward_states(tokens, *args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

@@ -83,12 +83,19 @@ class SlowDecoder:
         self.gate = threading.Event()
         self.gate.set()
 
-    def forward(self, tokens, *args, **kwargs):
+    def _hold(self, tokens) -> None:
         self.gate.wait(30)
         seconds = self.delay(tokens) if callable(self.delay) else self.delay
         if seconds:
             time.sleep(seconds)
+
+    def forward(self, tokens, *args, **kwargs):
+        self._hold(tokens)
         return self.inner.forward(tokens, *args, **kwargs)
+
+    def forward_states(self, tokens, *args, **kwargs):  # what the step's prefill and verification call
+        self._hold(tokens)
+        return self.inner.forward_states(tokens, *args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
