@@ -79,3 +79,10 @@ def _threads(request):
     torch.set_num_threads(wanted)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    """A private AUGURY_HOME (models, heads, caches) under the test's tmp_path, which it returns."""
+    monkeypatch.setenv("AUGURY_HOME", str(tmp_path / "home"))
+    return tmp_path

@@ -10,6 +10,8 @@ window keys).
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -162,3 +164,18 @@ def write_hf_as_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def private_home(tmp_path_factory) -> Iterator[None]:
+    """For a module fixture: the kernel built (or found) under the real AUGURY_HOME first, then a private
+    AUGURY_HOME for the files converted from the tiny models, restored afterwards."""
+    from augury.kernels import extension
+
+    extension.extension()
+    before = os.environ.get("AUGURY_HOME")
+    os.environ["AUGURY_HOME"] = str(tmp_path_factory.mktemp("home"))
+    yield
+    if before is None:
+        del os.environ["AUGURY_HOME"]
+    else:
+        os.environ["AUGURY_HOME"] = before

@@ -40,12 +40,6 @@ def target_dir(tmp_path_factory) -> Path:
     return byte_target(tmp_path_factory.mktemp("byte_target"))
 
 
-@pytest.fixture()
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("AUGURY_HOME", str(tmp_path / "home"))
-    return tmp_path
-
-
 def test_stdlib_samples_are_code_and_topics_in_a_seeded_order():
     from augury.train import stdlib_corpus
 

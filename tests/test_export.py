@@ -14,23 +14,14 @@ import pytest
 import torch
 
 from augury.cli import main
-from tests.test_train import QUICK, _train, save_tokenizer, tiny_target
-from tests.tiny import CharTokenizer, hf_model, save_hf
-
-
-@pytest.fixture()
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("AUGURY_HOME", str(tmp_path / "home"))
-    return tmp_path
+from tests.test_train import QUICK, _train, tiny_target
+from tests.tiny import hf_model, save_hf
 
 
 @pytest.fixture(scope="module")
 def qwen3_target(tmp_path_factory) -> Path:
     """A random qwen3 target (the family speculators' MTP layer is built for) as a Hugging Face folder."""
-    folder = tmp_path_factory.mktemp("qwen3")
-    save_hf(hf_model("qwen3", seed=0, vocab=len(CharTokenizer.ALPHABET) + 2), folder)
-    save_tokenizer(folder)
-    return folder
+    return tiny_target(tmp_path_factory.mktemp("qwen3"), arch="qwen3")
 
 
 def speculator_classes():

@@ -11,7 +11,6 @@ the file's chat template like transformers, and refuse bad files and mismatched 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -23,7 +22,7 @@ from augury.errors import AuguryError
 from augury.kernels import extension as ext_module
 from augury.kernels.weight import GgufWeight
 from augury.models.loader import load_model
-from tests.gguf_files import VOCAB, token_list, write_hf_as_gguf
+from tests.gguf_files import VOCAB, private_home, token_list, write_hf_as_gguf
 from tests.tiny import hf_model, save_hf
 
 FAMILY_ARCHS = ("qwen3", "llama3", "mistral", "phi3", "gemma2")
@@ -109,15 +108,7 @@ def transformers_tokenizer(template: str):
 
 @pytest.fixture(scope="module", autouse=True)
 def _home(tmp_path_factory):
-    """The kernel built (or found) under the real home first, then a private AUGURY_HOME for converted files."""
-    ext_module.extension()
-    before = os.environ.get("AUGURY_HOME")
-    os.environ["AUGURY_HOME"] = str(tmp_path_factory.mktemp("home"))
-    yield
-    if before is None:
-        del os.environ["AUGURY_HOME"]
-    else:
-        os.environ["AUGURY_HOME"] = before
+    yield from private_home(tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=FAMILY_ARCHS)
@@ -216,11 +207,11 @@ K_VALUES = (1, 2, 4)
 def test_greedy_speculation_equals_plain(fam):
     """model, ngram and hybrid drafters at K 1, 2, 4 on the Q8_0 target, drafting with a 1-layer model of the
     same family (its own GGUF, the same tokenizer): token for token what plain greedy decoding gives."""
+    import gguf
+
     from augury.engine import Engine
     from augury.proposers import build_proposer
     from augury.sampling import SamplingParams
-
-    import gguf
 
     target = load_model(str(fam.q8), dtype="fp32", progress=False)
     drafter = write_hf_as_gguf(fam.folder / "draft.gguf", hf_model(fam.arch, seed=1, layers=1),

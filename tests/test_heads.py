@@ -363,12 +363,6 @@ def _save(folder: Path, target: Model, kind: str = "eagle", trained=None) -> Pat
     return head_file.save_head(folder, own, vocab, torch.arange(vocab.numel(), 0, -1), meta, dtype=torch.float32)
 
 
-@pytest.fixture()
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("AUGURY_HOME", str(tmp_path / "home"))
-    return tmp_path
-
-
 def test_a_saved_head_loads_and_drafts_as_it_did(target, trained, home):
     source = _with_source(target, home / "target.gguf", b"weights of the tiny target")
     path = _save(home / "head", source, "mtp", trained)

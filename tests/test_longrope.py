@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -23,7 +22,7 @@ from augury.errors import AuguryError
 from augury.kernels import extension as ext_module
 from augury.models.attention import RopeTable
 from augury.models.loader import load_model
-from tests.gguf_files import VOCAB, write_hf_as_gguf
+from tests.gguf_files import VOCAB, private_home, write_hf_as_gguf
 from tests.test_families import PHI3_TEMPLATE, transformers_tokenizer
 from tests.tiny import hf_model, save_hf
 
@@ -34,15 +33,7 @@ STEPS = {"phi3_longrope": (33, 34, 36, 40), "phi3_longrope_4k": (7, 8, 10, 13)} 
 
 @pytest.fixture(scope="module", autouse=True)
 def _home(tmp_path_factory):
-    """A private AUGURY_HOME for the converted files (the kernel built, or found, under the real one first)."""
-    ext_module.extension()
-    before = os.environ.get("AUGURY_HOME")
-    os.environ["AUGURY_HOME"] = str(tmp_path_factory.mktemp("home"))
-    yield
-    if before is None:
-        del os.environ["AUGURY_HOME"]
-    else:
-        os.environ["AUGURY_HOME"] = before
+    yield from private_home(tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=["phi3_longrope", "phi3_longrope_4k"])

@@ -27,7 +27,7 @@ from augury.sampling import SamplingParams
 from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig
 from augury.server.prometheus import render
 from tests.proposer_cases import PROPOSER_CASES, make_proposer
-from tests.tiny import tiny_model
+from tests.tiny import DecoderHook, tiny_model
 
 VOCAB = 24
 BLOCK = 4
@@ -43,29 +43,18 @@ def tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-class Recording:
+class Recording(DecoderHook):
     """Wraps a decoder: records each forward's block width; `during(width)` may act inside a forward."""
 
     def __init__(self, inner) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.widths: list[int] = []
         self.during = None
 
-    def _record(self, tokens) -> None:
+    def before(self, tokens) -> None:
         self.widths.append(tokens.shape[1])
         if self.during is not None:
             self.during(tokens.shape[1])
-
-    def forward(self, tokens, *args, **kwargs):
-        self._record(tokens)
-        return self.inner.forward(tokens, *args, **kwargs)
-
-    def forward_states(self, tokens, *args, **kwargs):  # what the step's prefill and verification call
-        self._record(tokens)
-        return self.inner.forward_states(tokens, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def generate(scheduler: Scheduler, prompt: list[int], params: SamplingParams):

@@ -32,7 +32,7 @@ from augury.proposers.draft_model import DraftModelProposer
 from augury.sampling import SamplingParams
 from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig
 from augury.server import ServerConfig, create_app
-from tests.tiny import CharTokenizer, tiny_model
+from tests.tiny import CharTokenizer, DecoderHook, tiny_model
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
@@ -71,34 +71,23 @@ def reference(prompt_ids: list[int], max_tokens: int, k: int = 4) -> str:
     return engine.generate(prompt_ids, SamplingParams(max_tokens=max_tokens)).text
 
 
-class SlowDecoder:
+class SlowDecoder(DecoderHook):
     """Wraps a decoder: every forward waits for `gate`, then sleeps `delay` seconds (or delay(tokens)).
 
     Lets tests hold a request in its slot, or give verification a chosen cost.
     """
 
     def __init__(self, inner, delay=0.0) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.delay = delay
         self.gate = threading.Event()
         self.gate.set()
 
-    def _hold(self, tokens) -> None:
+    def before(self, tokens) -> None:
         self.gate.wait(30)
         seconds = self.delay(tokens) if callable(self.delay) else self.delay
         if seconds:
             time.sleep(seconds)
-
-    def forward(self, tokens, *args, **kwargs):
-        self._hold(tokens)
-        return self.inner.forward(tokens, *args, **kwargs)
-
-    def forward_states(self, tokens, *args, **kwargs):  # what the step's prefill and verification call
-        self._hold(tokens)
-        return self.inner.forward_states(tokens, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 @contextlib.contextmanager

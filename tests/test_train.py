@@ -32,18 +32,12 @@ def save_tokenizer(folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": TEMPLATE}))
 
 
-def tiny_target(folder: Path, seed: int = 0) -> Path:
-    """A random qwen2 target saved as a Hugging Face folder with its tokenizer."""
+def tiny_target(folder: Path, seed: int = 0, arch: str = "qwen2") -> Path:
+    """A random target (qwen2 by default) saved as a Hugging Face folder with its tokenizer."""
     folder.mkdir(parents=True, exist_ok=True)
-    save_hf(hf_model("qwen2", seed=seed, vocab=len(CharTokenizer.ALPHABET) + 2), folder)
+    save_hf(hf_model(arch, seed=seed, vocab=len(CharTokenizer.ALPHABET) + 2), folder)
     save_tokenizer(folder)
     return folder
-
-
-@pytest.fixture()
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("AUGURY_HOME", str(tmp_path / "home"))
-    return tmp_path
 
 
 @pytest.fixture(scope="module")

@@ -210,3 +210,25 @@ def run_scheduler(scheduler, jobs: list[tuple[list[int], object]], timeout: floa
     failed = [e for e in ended.values() if isinstance(e, Failed)]
     assert not failed, f"{len(failed)} requests failed, e.g. {failed[0]}"
     return [ended[i].result for i in range(len(jobs))]
+
+
+class DecoderHook:
+    """Wraps a decoder so that a test acts ahead of every forward: `before(tokens)` runs first, whether
+    the caller asks for logits (`forward`) or logits and states (`forward_states`, the step's call)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def before(self, tokens) -> None:
+        """tokens: [B, T] the block about to run."""
+
+    def forward(self, tokens, *args, **kwargs):
+        self.before(tokens)
+        return self.inner.forward(tokens, *args, **kwargs)
+
+    def forward_states(self, tokens, *args, **kwargs):
+        self.before(tokens)
+        return self.inner.forward_states(tokens, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)

@@ -48,8 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c = p.add_argument_group("corpus")
     c.add_argument("--corpus", default="stdlib",
                    help="comma-separated sources: stdlib (the Python standard library, read by prefill; default), "
-                   "stdlib-tests (its test suites: about as much code again), self (the target writes requests and answers: on-policy, about 20x slower), or none "
-                   "(--data only)")
+                   "stdlib-tests (its test suites: about as much code again), self (the target writes requests "
+                   "and answers: on-policy, one token per step), or none (--data only)")
     c.add_argument("--corpus-tokens", type=_positive(int), default=None,
                    help="stop collecting after this many tokens (default: when the corpus share of --hours ends)")
     c.add_argument("--sequences", type=_positive(int), default=None,

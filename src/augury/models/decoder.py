@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from augury.cache import CacheGroup, KVCache
+from augury.cache import CacheGroup, KVCache, LayerCache
 from augury.calibration import NO_PADDING, RowPadding, calibrate
 from augury.kernels.weight import PREFILL_ROWS
 from augury.models.attention import RopeTable, attend, attention_mask, rotate, row_key_sets, softcap
@@ -260,16 +260,14 @@ class Decoder:
 
         tokens: [B, T] token ids.
         positions: [B, T] rope positions; default cache.lengths[b] + arange(T).
-        block_mask: [B, T, T] or [T, T] bool, which block tokens each block token
-            sees (default causal); the cached prefix is always visible.
+        block_mask: [B, T, T] or [T, T] bool, which block tokens each block token sees (default causal).
         logits_rows: which of the T rows to project to logits (index tensor or slice); default all.
-        states: None for no hidden states, else the layers whose outputs come along.
-        Returns logits [B, R, V] in fp32 and the hidden states [B, T, hidden * (len(states) + 1)]
-        (None when states is None): the outputs of the given layers (the residual stream after each,
-        in the order given), then the final normed state, concatenated on the last axis (EAGLE-3 style
-        drafters read several depths; MTP/EAGLE-1 heads read the last).
-
-        Every sequence's cache length grows by T; callers truncate what they do not keep.
+        states: None for no hidden states, else the layers whose outputs come along. Returns logits
+        [B, R, V] in fp32 and the hidden states [B, T, hidden * (len(states) + 1)] (None when states
+        is None): the outputs of the given layers (the residual stream after each, in the order given),
+        then the final normed state, concatenated on the last axis (EAGLE-3 style drafters read
+        several depths; MTP/EAGLE-1 heads read the last). The cached prefix is always visible; every
+        sequence's cache length grows by T, and callers truncate what they do not keep.
         """
         batch, t = tokens.shape
         if positions is None:
@@ -283,7 +281,7 @@ class Decoder:
         layers = states or ()
         hidden = self._run_layers(tokens, positions, cache, block_mask, layers, padding)
         final = hidden[..., -self.config.hidden_size :] if layers else hidden
-        logits = self._project(final if logits_rows is None else final[:, logits_rows], padding)
+        logits = self.project(final if logits_rows is None else final[:, logits_rows], padding)
         return logits, (hidden if states is not None else None)
 
     def _linear(
@@ -312,8 +310,10 @@ class Decoder:
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return out.view(*x.shape[:-1], out.shape[-1])
 
-    def _project(self, rows: Tensor, padding: RowPadding | None = None) -> Tensor:
-        """Final hidden rows [B, R, hidden] -> fp32 logits [B, R, V] (soft-capped where the model says so)."""
+    def project(self, rows: Tensor, padding: RowPadding | None = None) -> Tensor:
+        """Final normed rows [B, R, hidden] -> fp32 logits [B, R, V] (soft-capped where the model says so)."""
+        if rows.shape[-2] == 0:  # no rows asked for (a collector that takes the states alone)
+            return rows.new_zeros(*rows.shape[:-1], self.config.vocab_size, dtype=torch.float32)
         return softcap(self._linear(rows, self.weights.lm_head, padding=padding).float(), self.config.final_softcap)
 
     def _run_layers(
@@ -365,7 +365,7 @@ class Decoder:
             return final
         return torch.cat([taken[i] for i in hidden_layers] + [final], dim=-1)
 
-    def layer(self, i: int, layer: LayerWeights, x: Tensor, cache: KVCache | CacheGroup, rope: tuple[Tensor, Tensor],
+    def layer(self, i: int, layer: LayerWeights, x: Tensor, cache: LayerCache, rope: tuple[Tensor, Tensor],
               attend, total: int, padding: RowPadding | None = None) -> Tensor:
         """Decoder layer i over the residual stream x [B, T, hidden] -> [B, T, hidden], writing its K/V.
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from augury.cache import CacheGroup, KVCache
+from augury.cache import KVCache, LayerCache
 from augury.errors import AuguryError
 from augury.models.attention import attention_mask, row_key_sets
 from augury.models.decoder import Decoder, LayerWeights, ModelConfig, Weights, dense_weight, linear, rms_norm
@@ -183,7 +183,7 @@ class Head:
     def layer(
         self,
         x: Tensor,
-        cache: KVCache | CacheGroup,
+        cache: LayerCache,
         *,
         positions: Tensor | None = None,
         block_mask: Tensor | None = None,

@@ -1,26 +1,8 @@
 """Drafter heads on the target's own hidden states: MTP / EAGLE chains and a parallel block drafter.
 
-A head is one decoder layer of the target's architecture between the
-target's own pieces, so it needs no prefill of its own and costs a small
-fraction of a target step:
-
-    x_t  = fc([RMSNorm(s_t); RMSNorm(embed(x_{t+1}))])      # 2H -> H
-    y_t  = layer(x_t)                                       # attends to the head's rows so far (own KV cache)
-    logits over the N most frequent tokens = lm_head[vocab] @ final_norm(y_t)     # predicts x_{t+2}
-
-s_t is the target's state at position t (`feature`: its final normed state,
-as EAGLE-1 reads it, or the residual stream after its last layer, as
-DeepSeek-V3's MTP module reads it). Head row t therefore pairs the target
-state that predicted x_{t+1} with x_{t+1} itself and guesses one token
-further. Two shapes of drafting share that layer:
-
-- chain (kinds "mtp", "eagle"): the head's own output state stands in for the
-  target state at the next row, so K tokens take one catch-up forward (the
-  rows the target committed since the last draft) and K - 1 one-row forwards.
-- parallel (DFlash / PARD-like): after the catch-up rows, K - 1 learned mask
-  embeddings take the token half of the input next to the anchor state (the
-  target's last state); they see each other (non-causal block) and the
-  context, and all K tokens come out of one forward.
+The network, its two shapes of drafting (chains for "mtp" and "eagle", one
+block of mask rows for "parallel") and why a head costs a small fraction of a
+target step are described in models/head.py; this module drafts with it.
 
 Rollback: a sequence's head cache holds rows computed from the target's own
 states only up to `fed`; whatever the head drafted past that (chained rows,
@@ -33,7 +15,7 @@ ascending); a sampled draft's q_draft is the request's sampling transform of
 the subset logits scattered into a full-vocabulary row of -inf, so it is zero
 outside the subset, sums to 1, and is exactly what the token was drawn from.
 
-The network is models/head.py; the file format models/head_file.py.
+The file format is models/head_file.py.
 """
 
 from __future__ import annotations
