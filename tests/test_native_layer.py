@@ -106,7 +106,7 @@ def _tokens(n: int, seed: int) -> torch.Tensor:
 def test_native_layer_matches_the_torch_layer(arch):
     """1-33 new rows after odd cache lengths (both paths prefill alike, then each runs its block)."""
     native, ref = _pair(arch)
-    row_errors = []
+    row_errors, first_rows = [], []
     for prefix, rows in [(1, 1), (37, 1), (37, 5), (13, 17), (101, 33), (0, 3)]:
         outs = []
         for dec in (native, ref):
@@ -118,9 +118,16 @@ def test_native_layer_matches_the_torch_layer(arch):
         err = (got - want).abs().amax(-1).flatten() / float(want.abs().max())
         assert float(err.max()) < BOUND, f"{arch} prefix {prefix} rows {rows}: off by {float(err.max()):.2e}"
         row_errors.append(err)
+        first_rows.append(float(err[0]))
+    # A flip carries on to the block's later rows, so how many rows it reaches depends on where the
+    # first one falls (on the Intel AMX machine of 2026-12-02, gemma3's 17- and 33-row blocks flipped
+    # at their 8th row: 47% of rows within TYPICAL). A systematic difference (a wrong norm, RoPE or
+    # activation) moves every row, the first of each block included.
     errors = torch.cat(row_errors)
     typical = float((errors < TYPICAL).float().mean())
-    assert typical >= 0.5, f"{arch}: only {typical:.0%} of rows within fp32 rounding: a systematic difference"
+    firsts = sum(e < TYPICAL for e in first_rows)
+    assert typical >= 0.35, f"{arch}: only {typical:.0%} of rows within fp32 rounding: a systematic difference"
+    assert firsts >= len(first_rows) - 1, f"{arch}: only {firsts} blocks start within fp32 rounding"
     assert float(errors.max()) > 0, "the two paths agreed bitwise: is the native layer running at all?"
 
 

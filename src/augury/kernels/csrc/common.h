@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 // Block formats, numbered as augury/kernels/packing.py numbers them.
@@ -47,66 +48,57 @@ constexpr int max_quant(int kind) {
 }
 
 // One weight matrix as the kernel sees it: parts of possibly different block kinds stacked on the
-// output axis, each repacked by packing.py (16-column tiles).
+// output axis, each repacked by packing.py (16-column tiles). Its tiles are listed once, with the
+// running total of their bytes, so that every call can hand threads equal shares of the bytes.
 struct MatDesc {
+  struct Tile { int kind; const uint8_t* base; int64_t col, n_cols; };
   std::vector<const uint8_t*> data;
   std::vector<int64_t> kinds, rows;
-  int64_t n_in = 0, n_out = 0;
-  void add(const uint8_t* d, int64_t kind, int64_t r) { data.push_back(d); kinds.push_back(kind); rows.push_back(r); }
+  int64_t n_in = 0, n_out = 0;  // n_in is set before the first part is added
+  std::vector<Tile> tiles;
+  std::vector<int64_t> cost_end;  // bytes of tiles [0, i]
+  void add(const uint8_t* d, int64_t kind, int64_t r) {
+    const Layout L = layout(static_cast<int>(kind));
+    const int64_t tile_bytes = n_in / L.group_k * L.group_bytes;
+    const int64_t col0 = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+    for (int64_t t = 0; t < (r + 15) / 16; ++t) {
+      tiles.push_back({static_cast<int>(kind), d + t * tile_bytes, col0 + 16 * t, std::min<int64_t>(16, r - 16 * t)});
+      cost_end.push_back((cost_end.empty() ? 0 : cost_end.back()) + tile_bytes);
+    }
+    data.push_back(d);
+    kinds.push_back(kind);
+    rows.push_back(r);
+  }
 };
 
-// y[R, n_out] (row stride ldy, fp32 or bf16) = x[R, n_in] @ W^T + bias: the activation rows are
-// quantized once, then threads take equal shares of the weight bytes, tile by tile. Each row's
-// arithmetic is the body's, in a fixed order, whatever R and the thread count.
-template <typename Rows, typename TileFn, typename Quantize>
-void run_matmul(const float* x, int64_t R, const MatDesc& m, const float* bias, void* y, bool bf16_out, int64_t ldy,
-                TileFn (*tile_fn)(int), Quantize quantize) {
-  const int64_t n_in = m.n_in, nb = n_in / 32;
-  std::vector<int8_t> xq(R * n_in);
-  std::vector<float> dx(R * nb), xsum(R * nb);
-  std::vector<int32_t> off8(R * nb), off16(R * nb), offq8(R * nb), off32h(2 * R * nb);
-  quantize(x, R, n_in, xq.data(), dx.data(), xsum.data(), off8.data(), off16.data(), offq8.data(), off32h.data());
-  const Rows a{xq.data(), dx.data(), xsum.data(), off8.data(), off16.data(), offq8.data(), off32h.data(), n_in, nb};
+// Thread th's equal share [lo, hi) of n items among nt threads.
+inline void share(int64_t n, int64_t th, int64_t nt, int64_t& lo, int64_t& hi) {
+  lo = n * th / nt;
+  hi = n * (th + 1) / nt;
+}
 
-  // Every tile of every part, with its cost in bytes, so threads get equal shares of the bytes.
-  struct Tile { int part; int64_t index; };
-  std::vector<Tile> tiles;
-  std::vector<int64_t> cost_end;
-  std::vector<int64_t> col0(m.data.size());
-  int64_t cols = 0, total = 0;
-  for (size_t p = 0; p < m.data.size(); ++p) {
-    col0[p] = cols;
-    cols += m.rows[p];
-    const Layout L = layout(static_cast<int>(m.kinds[p]));
-    const int64_t bytes = n_in / L.group_k * L.group_bytes;
-    for (int64_t t = 0; t < (m.rows[p] + 15) / 16; ++t) {
-      tiles.push_back({static_cast<int>(p), t});
-      total += bytes;
-      cost_end.push_back(total);
-    }
-  }
+// Thread th's share of y[R, n_out] (row stride ldy, fp32 or bf16) = x @ W^T + bias for activation
+// rows already quantized into `a`: the tiles whose bytes end in its share of the matrix's bytes.
+// Each row's arithmetic is the body's, in a fixed order, whatever R and the thread count.
+template <typename Rows, typename TileFn>
+void matmul_share(const Rows& a, int64_t R, const MatDesc& m, const float* bias, void* y, bool bf16_out,
+                  int64_t ldy, TileFn (*tile_fn)(int), int64_t th, int64_t nt) {
+  const int64_t n_tiles = static_cast<int64_t>(m.tiles.size());
+  nt = std::min(nt, n_tiles);
+  if (th >= nt || n_tiles == 0) return;
+  const int64_t total = m.cost_end.back();
+  int64_t lo_cost, hi_cost;
+  share(total, th, nt, lo_cost, hi_cost);
+  const int64_t first = std::upper_bound(m.cost_end.begin(), m.cost_end.end(), lo_cost) - m.cost_end.begin();
+  const int64_t last = th == nt - 1 ? n_tiles
+                                    : std::upper_bound(m.cost_end.begin(), m.cost_end.end(), hi_cost) - m.cost_end.begin();
   char* ybase = static_cast<char*>(y);
   const int64_t esize = bf16_out ? 2 : 4;
-  const int64_t nthreads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tiles.size())));
-  at::parallel_for(0, nthreads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t th = begin; th < end; ++th) {
-      // Tiles whose cost ends in this thread's share of [0, total).
-      const int64_t lo_cost = total * th / nthreads, hi_cost = total * (th + 1) / nthreads;
-      auto first = std::upper_bound(cost_end.begin(), cost_end.end(), lo_cost) - cost_end.begin();
-      auto last = std::upper_bound(cost_end.begin(), cost_end.end(), hi_cost) - cost_end.begin();
-      if (th == nthreads - 1) last = static_cast<int64_t>(tiles.size());
-      for (int64_t i = first; i < last; ++i) {
-        const Tile& t = tiles[i];
-        const int kind = static_cast<int>(m.kinds[t.part]);
-        const Layout L = layout(kind);
-        const int64_t groups = n_in / L.group_k;
-        const uint8_t* base = m.data[t.part] + t.index * groups * L.group_bytes;
-        const int64_t c = col0[t.part] + 16 * t.index;
-        const int64_t n_cols = std::min<int64_t>(16, m.rows[t.part] - 16 * t.index);
-        tile_fn(kind)(base, groups, a, R, n_cols, bias ? bias + c : nullptr, ybase + c * esize, bf16_out, ldy);
-      }
-    }
-  });
+  for (int64_t i = first; i < last; ++i) {
+    const MatDesc::Tile& t = m.tiles[i];
+    const int64_t groups = m.n_in / layout(t.kind).group_k;
+    tile_fn(t.kind)(t.base, groups, a, R, t.n_cols, bias ? bias + t.col : nullptr, ybase + t.col * esize, bf16_out, ldy);
+  }
 }
 
 // One transformer layer's weights and shape (see layer_body.h); optional tensors are null.

@@ -8,6 +8,7 @@
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <omp.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #define AUGURY_X86 1
@@ -60,10 +61,10 @@ struct IsaFns {
 };
 
 const IsaFns& isa_fns(const std::string& isa) {
-  static const IsaFns portable_fns{portable::matmul, portable::layer::forward};
+  static const IsaFns portable_fns{portable::body::matmul, portable::layer::forward};
 #if AUGURY_X86
-  static const IsaFns avx2_fns{avx2::matmul, avx2::layer::forward};
-  static const IsaFns avx512_fns{avx512::matmul, avx512::layer::forward};
+  static const IsaFns avx2_fns{avx2::body::matmul, avx2::layer::forward};
+  static const IsaFns avx512_fns{avx512::body::matmul, avx512::layer::forward};
 #endif
   const std::string use = isa == "auto" ? available_isas().front() : isa;
   TORCH_CHECK(cpu_has(use), "this CPU cannot run the ", use, " kernel");

@@ -39,29 +39,47 @@ struct Rows {
   int64_t nb32;
 };
 
-// Quantize R rows of x (fp32) per block of 32: dx = amax / 127, xq = round-half-even(x * (127 / amax)).
-static void quantize_rows(const float* x, int64_t R, int64_t n_in, int8_t* xq, float* dx, float* xsum,
-                          int32_t* off8, int32_t* off16, int32_t* offq8, int32_t* off32h) {
-  const int64_t nb = n_in / 32;
-  for (int64_t r = 0; r < R; ++r) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* xb = x + r * n_in + b * 32;
-      const float amax = ops::amax32(xb);
-      const float d = amax / 127.0f;
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int32_t s0 = 0, s1 = 0;
-      ops::quant32(xb, inv, xq + r * n_in + b * 32, &s0, &s1);
-      const int64_t i = r * nb + b;
-      dx[i] = d;
-      xsum[i] = d * static_cast<float>(s0 + s1);
-      off8[i] = -8 * (s0 + s1);
-      off16[i] = -16 * (s0 + s1);
-      offq8[i] = -ops::kQ8Zero * (s0 + s1);
-      off32h[2 * i] = -32 * s0;
-      off32h[2 * i + 1] = -32 * s1;
+// The buffers behind a Rows view, sized once for the widest input (no allocation per call once
+// grown). Threads may quantize different blocks of one view at once: blocks are independent.
+struct QuantBuffers {
+  std::vector<int8_t> xq;
+  std::vector<float> dx, xsum;
+  std::vector<int32_t> off8, off16, offq8, off32h;
+
+  // Room for R rows of up to max_in values (call before any thread uses the buffers).
+  void reserve(int64_t R, int64_t max_in) {
+    const int64_t nb = max_in / 32;
+    if (static_cast<int64_t>(xq.size()) < R * max_in) xq.resize(R * max_in);
+    if (static_cast<int64_t>(dx.size()) < R * nb)
+      for (auto* v : {&dx, &xsum}) v->resize(R * nb);
+    if (static_cast<int64_t>(off8.size()) < R * nb) {
+      for (auto* v : {&off8, &off16, &offq8}) v->resize(R * nb);
+      off32h.resize(2 * R * nb);
     }
   }
-}
+
+  // The view of rows of n_in values, once every (row, block) of them is quantized.
+  Rows rows(int64_t n_in) const {
+    return {xq.data(), dx.data(), xsum.data(), off8.data(), off16.data(), offq8.data(), off32h.data(), n_in, n_in / 32};
+  }
+
+  // Block b (32 values at xb, fp32) of row r of n_in values: dx = amax / 127, xq = round-half-even(x * (127 / amax)).
+  void quantize(int64_t n_in, const float* xb, int64_t r, int64_t b) {
+    const float amax = ops::amax32(xb);
+    const float d = amax / 127.0f;
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t s0 = 0, s1 = 0;
+    ops::quant32(xb, inv, xq.data() + r * n_in + b * 32, &s0, &s1);
+    const int64_t i = r * (n_in / 32) + b;
+    dx[i] = d;
+    xsum[i] = d * static_cast<float>(s0 + s1);
+    off8[i] = -8 * (s0 + s1);
+    off16[i] = -16 * (s0 + s1);
+    offq8[i] = -ops::kQ8Zero * (s0 + s1);
+    off32h[2 * i] = -32 * s0;
+    off32h[2 * i + 1] = -32 * s1;
+  }
+};
 
 template <int SHIFT>
 static inline I shift16(I v) {
@@ -290,6 +308,21 @@ static TileFn tile_fn(int kind) {
     case Q6_K: return run_tile<Q6_K>;
   }
   return nullptr;
+}
+
+// y[R, n_out] (row stride ldy, fp32 or bf16) = x[R, n_in] @ W^T + bias, on its own (the `linear`
+// entry point; the native layer runs matmul_share inside its one parallel region instead): the
+// activation rows are quantized once, then threads take equal shares of the weight bytes.
+static void matmul(const float* x, int64_t R, const MatDesc& m, const float* bias, void* y, bool bf16_out, int64_t ldy) {
+  static thread_local QuantBuffers q;
+  q.reserve(R, m.n_in);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t b = 0; b < m.n_in / 32; ++b) q.quantize(m.n_in, x + r * m.n_in + 32 * b, r, b);
+  const Rows a = q.rows(m.n_in);
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(m.tiles.size())));
+  at::parallel_for(0, nt, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t th = begin; th < end; ++th) matmul_share(a, R, m, bias, y, bf16_out, ldy, tile_fn, th, nt);
+  });
 }
 
 }  // namespace body

@@ -10,12 +10,6 @@
 // so a row's result has the same bits on every instruction set, at any row count and thread count:
 // rows never mix, and each row attends to exactly the keys it sees, in slot order.
 
-// The matmul driver over this instruction set's tiles.
-inline void matmul(const float* x, int64_t R, const MatDesc& m, const float* bias, void* y, bool bf16_out,
-                   int64_t ldy) {
-  run_matmul<body::Rows>(x, R, m, bias, y, bf16_out, ldy, body::tile_fn, body::quantize_rows);
-}
-
 namespace layer {
 
 constexpr int kLanes = 16;
@@ -170,32 +164,65 @@ void attend_group(const LayerDesc& L, const LayerIO& io, int64_t r, int64_t kvh,
   }
 }
 
+// Row r's keys and values of KV head kvh (after RoPE) into its cache slot.
 template <typename T>
-void write_kv(const LayerDesc& L, const LayerIO& io, const float* qkv, int64_t n_qkv) {
-  const int64_t D = L.head_dim, q_size = L.n_heads * D, kv_size = L.n_kv * D;
-  for (int64_t r = 0; r < io.R; ++r) {
-    const CacheRef& c = io.seqs[io.row_seq[r]];
-    const float* k = qkv + r * n_qkv + q_size;
-    const float* v = k + kv_size;
-    for (int64_t h = 0; h < L.n_kv; ++h) {
-      T* kd = static_cast<T*>(c.k) + h * c.stride_head + io.row_slot[r] * c.stride_slot;
-      T* vd = static_cast<T*>(c.v) + h * c.stride_head + io.row_slot[r] * c.stride_slot;
-      for (int64_t d = 0; d < D; ++d) {
-        store(kd, d, k[h * D + d]);
-        store(vd, d, v[h * D + d]);
-      }
-    }
+void write_kv(const LayerDesc& L, const LayerIO& io, const float* qkv, int64_t n_qkv, int64_t r, int64_t kvh) {
+  const int64_t D = L.head_dim;
+  const CacheRef& c = io.seqs[io.row_seq[r]];
+  const float* k = qkv + r * n_qkv + (L.n_heads + kvh) * D;
+  const float* v = k + L.n_kv * D;
+  T* kd = static_cast<T*>(c.k) + kvh * c.stride_head + io.row_slot[r] * c.stride_slot;
+  T* vd = static_cast<T*>(c.v) + kvh * c.stride_head + io.row_slot[r] * c.stride_slot;
+  for (int64_t d = 0; d < D; ++d) {
+    store(kd, d, k[d]);
+    store(vd, d, v[d]);
   }
 }
 
-inline float activation(float g, bool gelu) {
-  if (gelu) return 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-  return g / (1.0f + std::exp(-g));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+
+inline v16 splat(float c) { return v16{} + c; }
+
+// exp_neg on 16 lanes: the same operations in the same order, so each lane has exp_neg's bits.
+inline v16 exp_neg16(v16 x) {
+  x = x < splat(-87.0f) ? splat(-87.0f) : x;
+  const v16 n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+  const v16 f = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+  v16 p = splat(1.0f / 720.0f);
+  p = p * f + 1.0f / 120.0f;
+  p = p * f + 1.0f / 24.0f;
+  p = p * f + 1.0f / 6.0f;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  const i32x16 bits = (__builtin_convertvector(n, i32x16) + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &bits, 64);
+  return p * scale;
 }
 
-// Scratch reused by every call on a thread (no allocation per call once grown).
+inline v16 abs16(v16 x) { return x < splat(0.0f) ? -x : x; }
+
+// act(gate) * up on 16 lanes, from e^-|t| alone (no overflow at any input):
+//   silu(g) = g * sigmoid(g), sigmoid(g) = 1 / (1 + e^-g) for g >= 0, e^g / (1 + e^g) below;
+//   gelu(g) = g / 2 * (1 + tanh(y)), y = sqrt(2 / pi) (g + 0.044715 g^3), tanh(y) = sign(y) (1 - e^-2|y|) / (1 + e^-2|y|).
+inline v16 act_times_up(v16 g, v16 up, bool gelu) {
+  if (gelu) {
+    const v16 y = (g + g * g * g * 0.044715f) * 0.7978845608028654f;
+    const v16 e = exp_neg16(abs16(y) * -2.0f);
+    const v16 t = (1.0f - e) / (1.0f + e);
+    return g * 0.5f * (1.0f + (y < splat(0.0f) ? -t : t)) * up;
+  }
+  const v16 e = exp_neg16(-abs16(g));
+  const v16 sig = g < splat(0.0f) ? e / (1.0f + e) : 1.0f / (1.0f + e);
+  return g * sig * up;
+}
+
+// One layer's activations in fp32 and its quantized matmul inputs, reused by every call on a
+// thread (no allocation per call once grown).
 struct Scratch {
-  std::vector<float> h, qkv, attn, proj, gu, act;
+  std::vector<float> h, qkv, attn, proj, gu;
+  body::QuantBuffers quant;
 };
 
 inline Scratch& scratch() {
@@ -203,62 +230,113 @@ inline Scratch& scratch() {
   return s;
 }
 
-inline void forward(const LayerDesc& L, const LayerIO& io) {
-  // A reference, not the thread-local itself: the attention threads below must see the caller's buffers.
-  Scratch& s = scratch();
+inline void barrier() {
+#pragma omp barrier
+}
+
+// Thread th of nt's part of one layer (below), between barriers: every phase splits its rows,
+// heads or blocks between the threads, and no result depends on the split.
+inline void forward_part(const LayerDesc& L, const LayerIO& io, Scratch& s, int64_t th, int64_t nt) {
   const int64_t R = io.R, H = L.hidden, D = L.head_dim, I = L.inter;
-  const int64_t n_q = L.n_heads * D, n_qkv = (L.n_heads + 2 * L.n_kv) * D;
-  s.h.resize(R * H);
-  s.qkv.resize(R * n_qkv);
-  s.attn.resize(R * n_q);
-  s.proj.resize(R * H);
-  s.gu.resize(R * 2 * I);
-  s.act.resize(R * I);
+  const int64_t n_q = L.n_heads * D, n_qkv = (L.n_heads + 2 * L.n_kv) * D, group = L.n_heads / L.n_kv;
+  int64_t lo, hi;
+  // Thread th's rows of a per-row phase (a norm needs its whole row).
+  auto rows = [&](auto&& fn) {
+    for (int64_t r = th; r < R; r += nt) fn(r);
+  };
+  auto quantize_row = [&](const float* x, int64_t n, int64_t r) {
+    for (int64_t b = 0; b < n / 32; ++b) s.quant.quantize(n, x + r * n + 32 * b, r, b);
+  };
+  auto matmul = [&](const MatDesc& m, const float* bias, float* y, int64_t ldy) {
+    matmul_share(s.quant.rows(m.n_in), R, m, bias, y, false, ldy, body::tile_fn, th, nt);
+  };
 
   // Attention: norm, qkv (+ bias), q/k norms, RoPE, cache write, each row over its keys, output.
-  for (int64_t r = 0; r < R; ++r) rms_norm(io.x + r * H, L.attn_norm, H, L.eps, s.h.data() + r * H);
-  matmul(s.h.data(), R, L.qkv, L.bqkv, s.qkv.data(), false, n_qkv);
-  for (int64_t r = 0; r < R; ++r) {
-    float* row = s.qkv.data() + r * n_qkv;
-    for (int64_t h = 0; h < L.n_heads + L.n_kv; ++h) {  // q heads, then k heads
-      float* x = row + h * D;
-      const float* w = h < L.n_heads ? L.q_norm : L.k_norm;
-      if (w != nullptr) rms_norm(x, w, D, L.eps, x);
-      rope(x, io.cos + r * D, io.sin + r * D, D);
+  rows([&](int64_t r) {
+    rms_norm(io.x + r * H, L.attn_norm, H, L.eps, s.h.data() + r * H);
+    quantize_row(s.h.data(), H, r);
+  });
+  barrier();
+  matmul(L.qkv, L.bqkv, s.qkv.data(), n_qkv);
+  barrier();
+  const int64_t heads = L.n_heads + L.n_kv;  // q heads, then k heads
+  share(R * heads, th, nt, lo, hi);
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t r = i / heads, h = i % heads;
+    float* x = s.qkv.data() + r * n_qkv + h * D;
+    const float* w = h < L.n_heads ? L.q_norm : L.k_norm;
+    if (w != nullptr) rms_norm(x, w, D, L.eps, x);
+    rope(x, io.cos + r * D, io.sin + r * D, D);
+    if (h >= L.n_heads) {
+      if (io.cache_bf16) write_kv<uint16_t>(L, io, s.qkv.data(), n_qkv, r, h - L.n_heads);
+      else write_kv<float>(L, io, s.qkv.data(), n_qkv, r, h - L.n_heads);
     }
   }
-  if (io.cache_bf16) write_kv<uint16_t>(L, io, s.qkv.data(), n_qkv);
-  else write_kv<float>(L, io, s.qkv.data(), n_qkv);
-  const int64_t group = L.n_heads / L.n_kv;
-  at::parallel_for(0, R * L.n_kv, 1, [&](int64_t begin, int64_t end) {
-    static thread_local std::vector<float> scores;
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t r = i / L.n_kv, kvh = i % L.n_kv;
-      const float* q = s.qkv.data() + r * n_qkv + kvh * group * D;
-      float* out = s.attn.data() + r * n_q + kvh * group * D;
-      if (io.cache_bf16) attend_group<uint16_t>(L, io, r, kvh, q, out, scores);
-      else attend_group<float>(L, io, r, kvh, q, out, scores);
-    }
-  });
-  matmul(s.attn.data(), R, L.wo, nullptr, s.proj.data(), false, H);
-  for (int64_t r = 0; r < R; ++r) {
+  barrier();
+  static thread_local std::vector<float> scores;
+  share(R * L.n_kv, th, nt, lo, hi);
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t r = i / L.n_kv, kvh = i % L.n_kv;
+    const float* q = s.qkv.data() + r * n_qkv + kvh * group * D;
+    float* out = s.attn.data() + r * n_q + kvh * group * D;
+    if (io.cache_bf16) attend_group<uint16_t>(L, io, r, kvh, q, out, scores);
+    else attend_group<float>(L, io, r, kvh, q, out, scores);
+  }
+  barrier();
+  share(R * (n_q / 32), th, nt, lo, hi);
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t r = i / (n_q / 32), b = i % (n_q / 32);
+    s.quant.quantize(n_q, s.attn.data() + r * n_q + 32 * b, r, b);
+  }
+  barrier();
+  matmul(L.wo, nullptr, s.proj.data(), H);
+  barrier();
+
+  // MLP: (post norm), residual, norm, gate/up, act(gate) * up, down, (post norm), residual.
+  rows([&](int64_t r) {
     float* p = s.proj.data() + r * H;
     if (L.post_attn_norm != nullptr) rms_norm(p, L.post_attn_norm, H, L.eps, p);
     for (int64_t i = 0; i < H; ++i) io.x[r * H + i] += p[i];
+    rms_norm(io.x + r * H, L.mlp_norm, H, L.eps, s.h.data() + r * H);
+    quantize_row(s.h.data(), H, r);
+  });
+  barrier();
+  matmul(L.gate_up, nullptr, s.gu.data(), 2 * I);
+  barrier();
+  share(R * (I / 32), th, nt, lo, hi);
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t r = i / (I / 32), b = i % (I / 32);
+    const float* g = s.gu.data() + r * 2 * I + 32 * b;
+    alignas(64) float act[32];
+    for (int half = 0; half < 2; ++half)
+      store16(act + kLanes * half, act_times_up(load16(g + kLanes * half), load16(g + I + kLanes * half), L.gelu));
+    s.quant.quantize(I, act, r, b);
   }
-
-  // MLP: norm, gate/up, act(gate) * up, down, (post norm), residual.
-  for (int64_t r = 0; r < R; ++r) rms_norm(io.x + r * H, L.mlp_norm, H, L.eps, s.h.data() + r * H);
-  matmul(s.h.data(), R, L.gate_up, nullptr, s.gu.data(), false, 2 * I);
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = 0; i < I; ++i)
-      s.act[r * I + i] = activation(s.gu[r * 2 * I + i], L.gelu) * s.gu[r * 2 * I + I + i];
-  matmul(s.act.data(), R, L.down, nullptr, s.proj.data(), false, H);
-  for (int64_t r = 0; r < R; ++r) {
+  barrier();
+  matmul(L.down, nullptr, s.proj.data(), H);
+  barrier();
+  rows([&](int64_t r) {
     float* p = s.proj.data() + r * H;
     if (L.post_mlp_norm != nullptr) rms_norm(p, L.post_mlp_norm, H, L.eps, p);
     for (int64_t i = 0; i < H; ++i) io.x[r * H + i] += p[i];
-  }
+  });
+}
+
+// One layer for io.R rows in one parallel region: the matmuls' tiles, the heads and the blocks are
+// shared between the threads phase by phase, with a barrier between phases, instead of a fork and
+// a join per matmul and serial work between them.
+inline void forward(const LayerDesc& L, const LayerIO& io) {
+  Scratch& s = scratch();  // the caller's: every thread of the region works in these buffers
+  const int64_t R = io.R, H = L.hidden, n_q = L.n_heads * L.head_dim, I = L.inter;
+  s.h.resize(R * H);
+  s.qkv.resize(R * (L.n_heads + 2 * L.n_kv) * L.head_dim);
+  s.attn.resize(R * n_q);
+  s.proj.resize(R * H);
+  s.gu.resize(R * 2 * I);
+  s.quant.reserve(R, std::max({H, n_q, I}));  // grown here, before the threads share it
+  const int nt = std::max(1, at::get_num_threads());
+#pragma omp parallel num_threads(nt)
+  forward_part(L, io, s, omp_get_thread_num(), omp_get_num_threads());
 }
 
 }  // namespace layer
