@@ -174,3 +174,33 @@ def test_the_planner_starts_from_the_measured_cost_curve():
         planner.costs.observe_draft(1, 4, 4 * 0.003)
     assert plan_step(steep.costs, odds, [10], [None], 4, choices=(0, 4)) == [0]
     assert plan_step(flat.costs, odds, [10], [None], 4, choices=(0, 4)) == [4]
+
+
+class _Alone:
+    """What the planner reads of a request: a sequence alone, its drafter not started yet."""
+
+    def __init__(self, behind: int) -> None:
+        from augury.metrics import SpecStats
+        from augury.sampling import SamplingParams
+
+        self.params = SamplingParams(max_tokens=128)
+        self.stats = SpecStats()
+        self.started = False
+        self.behind = behind
+
+    def draft_cap(self) -> int:
+        return 100
+
+    def catch_up(self) -> int:
+        return self.behind
+
+
+@pytest.mark.parametrize("behind, starts", [(20, True), (2000, False)])
+def test_a_probe_starts_a_drafter_only_where_its_catch_up_is_cheap(behind, starts):
+    """Past the warm-up, a probe of a sequence alone starts its drafter for a 20-token catch-up
+    (40 ms, about one plain step) but not for a 2000-token prompt (4 s: a probe cannot win that back)."""
+    planner = Planner(4, batched=False, probe_every=1, curve={1: 30.0, 5: 36.0})
+    planner.steps = planner.k_max + 1  # the warm-up is over
+    planner.costs.observe_catch_up(100, 0.2)  # 2 ms a token, as measured when a drafter started
+    assert planner.plan([_Alone(behind)]) == ([4] if starts else [0])
+    assert planner.probes == 1  # it was a probe in both cases

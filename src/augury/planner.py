@@ -297,6 +297,8 @@ class Planner:
     DRAFT_MARGIN = 0.15
     # Drafted tokens, server-wide, before the measured acceptance replaces the prior.
     TRUST_AFTER_DRAFTED = 32
+    # The most a probe may spend starting a drafter, in plain steps (see _start_is_cheap).
+    PROBE_START_STEPS = 4
 
     def __init__(
         self,
@@ -411,7 +413,8 @@ class Planner:
             neighbours = lower[-1:] + higher[:1]
             probe = neighbours[self.probes % len(neighbours)]
         if probe is not None:
-            return self._probe(requests, probe, caps, fixed, may_start=self.steps <= self.k_max + 1 or alone)
+            may_start = self.steps <= self.k_max + 1 or (alone and self._start_is_cheap(requests[0]))
+            return self._probe(requests, probe, caps, fixed, may_start=may_start)
         odds = self.tally.odds()
         ks = plan_step(
             self.costs, [odds.scaled(self._alpha(r) / max(self.alpha, 1e-3)) for r in requests], caps, fixed,
@@ -420,6 +423,18 @@ class Planner:
         )
         self.planned_k = max((k for k, f in zip(ks, fixed) if f is None), default=self.planned_k)
         return ks
+
+    def _start_is_cheap(self, request: Request) -> bool:
+        """Whether a probe may start this sequence's drafter: its catch-up (a draft model's prefill of
+        the whole sequence) costs at most PROBE_START_STEPS plain steps at the measured rates.
+
+        A probe measures one step; on a long prompt, starting a model drafter for it cost more than
+        the probe could ever win back (the model drafter lost most on RAG and summarization, whose
+        prompts are the longest: docs/benchmarks.md 7). The plan itself still starts a drafter where
+        the catch-up, spread over the steps left, pays (`plan_step`'s `behind`).
+        """
+        late = request.catch_up()
+        return late * self.costs.catch_up_per_token <= self.PROBE_START_STEPS * self.costs.target_time(1, 1)
 
     @staticmethod
     def _probe(
