@@ -282,3 +282,80 @@ def test_a_port_in_use_is_refused():
         s.listen()
         with pytest.raises(AuguryError, match=f"port {s.getsockname()[1]} on 127.0.0.1 is in use"):
             check_port_free(s.getsockname()[1])
+
+
+# -- another server in the same run (llama-server, vLLM, ...) -----------------------------------------
+
+
+def test_percentiles_by_nearest_rank_and_the_latency_table():
+    from augury.bench.load import percentile
+
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([3.0, 1.0, 2.0], 99) == 3.0
+    assert percentile([float(i) for i in range(1, 101)], 99) == 99.0 and percentile([5.0], 1) == 5.0
+    # TTFT 0.5 s each; TPOT 0.1 s for every request with more than one token.
+    levels = [_level(SPEC_OFF, 1, 2.0, [(0, "abc", 20)]), _level("llama-server", 1, 1.0, [(0, "abd", 10)]),
+              _level("llama-server", 4, 1.0, [(0, "abd", 30), (1, "x", 1)])]
+    report = LoadReport(levels, {})
+    assert report.servers == [SPEC_OFF, "llama-server"]
+    assert report.latency_table().rows == [
+        ["spec off", "1", "10.0", "0.50", "0.50", "100.0", "100.0"],
+        ["llama-server", "1", "10.0", "0.50", "0.50", "100.0", "100.0"],
+        ["llama-server", "4", "31.0", "0.50", "0.50", "100.0", "100.0"],
+    ]
+    level = report.to_json()["levels"][1]
+    assert level["concurrency"] == 4 and level["llama-server"]["tpot_p99_s"] == pytest.approx(0.1)
+    assert SPEC_OFF not in level  # spec off ran no concurrency-4 level
+
+
+def test_an_endpoint_is_loaded_beside_augury_with_its_own_references(two_servers):
+    """A third server (here a second tiny augury server standing in for llama-server) gets the same
+    levels; its texts are checked against its own concurrency-1 texts, not against augury's."""
+    made = clients(two_servers)
+    other = EndpointContender(two_servers[1], method="llama-server")
+    other.check()
+    made["llama-server"] = other
+    report = run_load(made, [chat(p) for p in PROMPTS], [1, 2], 1, MAX_TOKENS)
+    assert report.servers == [SPEC_OFF, SPEC_ON, "llama-server"]
+    assert {lv.server for lv in report.levels if lv.concurrency == 2} == {SPEC_OFF, SPEC_ON, "llama-server"}
+    assert report.references["llama-server"] == report.references[SPEC_ON]
+    assert not report.mismatches()
+    text = report.markdown()
+    assert "| llama-server | 2 |" in text and "TPOT p99 (ms)" in text
+
+
+def test_endpoint_only_starts_no_augury_server_and_reads_the_endpoints_memory(two_servers):
+    import os
+
+    from augury.bench.load import run_with_servers
+
+    endpoint = EndpointContender(two_servers[0], method="llama-server")
+    endpoint.check()
+    report = run_with_servers(["--model", "no-such-model"], [chat(p) for p in PROMPTS[:2]], [1], 1, MAX_TOKENS,
+                              endpoints={"llama-server": endpoint}, endpoint_pids={"llama-server": os.getpid()},
+                              start_augury=False)
+    assert report.servers == ["llama-server"]  # augury's servers would have failed on "no-such-model"
+    assert report.memory["llama-server"].ready > 0
+    text = report.markdown()
+    assert "spec off tok/s" not in text and "memory of the llama-server server" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--endpoint-only"], "--endpoint-only needs --endpoint"),
+    (["--endpoint-pid", "1"], "--endpoint-pid needs --endpoint"),
+    (["--endpoint", "http://127.0.0.1:9", "--endpoint-label", "on"], "--endpoint-label"),
+    (["--endpoint", "http://127.0.0.1:9", "--endpoint-pid", "999999999"], "--endpoint-pid 999999999: no such process"),
+])
+def test_cli_rejects_bad_endpoint_options_with_one_line(capsys, argv, message):
+    assert main(["loadtest", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("augury: error:") and message in err and "\n" not in err
+
+
+def test_an_unreachable_endpoint_is_one_line_before_any_server_starts(capsys):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["loadtest", "--endpoint", f"http://127.0.0.1:{port}", "--endpoint-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("augury: error:") and "\n" not in err

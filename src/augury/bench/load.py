@@ -1,8 +1,9 @@
 """Load test: output tokens/s against concurrency, speculation on and off, in one run.
 
 Two `augury serve` processes run side by side on 127.0.0.1, one drafting with
-a model and one decoding plainly, but only one of them is under load at a
-time: an idle server's engine thread sleeps on a condition variable, so on a
+a model and one decoding plainly, and any other OpenAI-compatible server given
+as an endpoint (llama-server with `-np N -cb` on the same GGUF), but only one
+of them is under load at a time: an idle server's engine thread sleeps on a condition variable, so on a
 2-core machine the measured server has the cores to itself, and neither pays
 for the other. Keeping both alive (rather than restarting one per level) means
 each level runs on warm processes with the scheduler's cost model already fitted.
@@ -56,6 +57,7 @@ SPEC_ON = "on"
 LABELS = {SPEC_OFF: "spec off", SPEC_ON: "spec on"}
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 GOAL_RATIO_AT_1 = 1.5  # the issue's goal: speculation at least 1.5x plain for a single client
+PERCENTILES = (50, 99)  # of TTFT and TPOT per level, in the latency table
 
 
 # -- input ------------------------------------------------------------------------------------------
@@ -111,6 +113,15 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100) by nearest rank: a value some request really saw, not an interpolation."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil(n q / 100), at least the first
+    return ordered[int(rank) - 1]
+
+
 @dataclass
 class LevelResult:
     """All requests one server answered at one concurrency level, and the level's wall time."""
@@ -147,6 +158,12 @@ class LevelResult:
     def tpot_s(self) -> float | None:
         return _mean([r.tpot_s for r in self.requests if r.tpot_s is not None])
 
+    def ttft_pct(self, q: float) -> float | None:
+        return percentile([r.ttft_s for r in self.requests], q)
+
+    def tpot_pct(self, q: float) -> float | None:
+        return percentile([r.tpot_s for r in self.requests if r.tpot_s is not None], q)
+
     def to_json(self) -> dict:
         return {
             "concurrency": self.concurrency,
@@ -156,6 +173,8 @@ class LevelResult:
             "tok_s": self.tok_s,
             "ttft_mean_s": self.ttft_s,
             "tpot_mean_s": self.tpot_s,
+            **{f"ttft_p{q}_s": self.ttft_pct(q) for q in PERCENTILES},
+            **{f"tpot_p{q}_s": self.tpot_pct(q) for q in PERCENTILES},
         }
 
 
@@ -207,6 +226,29 @@ class LoadReport:
     @property
     def concurrencies(self) -> list[int]:
         return list(dict.fromkeys(lv.concurrency for lv in self.levels))
+
+    @property
+    def servers(self) -> list[str]:
+        """Every server that was loaded (spec off, spec on, any endpoint), in the order first run."""
+        return list(dict.fromkeys(lv.server for lv in self.levels))
+
+    def latency_table(self) -> Table:
+        """Per server and level: tokens/s, and TTFT and TPOT at the median and the 99th percentile."""
+        def f(value: float | None, spec: str, scale: float = 1.0) -> str:
+            return "—" if value is None else f"{value * scale:{spec}}"
+
+        rows = []
+        for server in self.servers:
+            for c in self.concurrencies:
+                lv = self.level(server, c)
+                if lv is None:
+                    continue
+                rows.append([LABELS.get(server, server), str(c), f(lv.tok_s, ".1f"),
+                             *(f(lv.ttft_pct(q), ".2f") for q in PERCENTILES),
+                             *(f(lv.tpot_pct(q), ".1f", 1000) for q in PERCENTILES)])
+        headers = ["server", "concurrency", "tok/s", *(f"TTFT p{q} (s)" for q in PERCENTILES),
+                   *(f"TPOT p{q} (ms)" for q in PERCENTILES)]
+        return Table("Latency by server and concurrency", headers, rows)
 
     def ratio(self, concurrency: int) -> float | None:
         """Spec-on tokens/s over spec-off tokens/s at one level."""
@@ -279,7 +321,8 @@ class LoadReport:
         return ""
 
     def markdown(self) -> str:
-        lines = [self.table().markdown()]
+        lines = [self.table().markdown()] if {SPEC_OFF, SPEC_ON} & set(self.servers) else []
+        lines.append(self.latency_table().markdown())
         lines += [f"- {g}" for g in self.goals()]
         mismatches = self.mismatches()
         if mismatches:
@@ -307,7 +350,7 @@ class LoadReport:
                     "concurrency": c,
                     "ratio": self.ratio(c),
                     "repeat_ratios": self.repeat_ratios(c),
-                    **{s: lv.to_json() for s in (SPEC_OFF, SPEC_ON) if (lv := self.level(s, c)) is not None},
+                    **{s: lv.to_json() for s in self.servers if (lv := self.level(s, c)) is not None},
                 }
                 for c in self.concurrencies
             ],
@@ -432,12 +475,26 @@ def run_with_servers(
     progress: Callable[[str], None] | None = None,
     min_requests: int = 0,
     repeats: int = 1,
+    endpoints: dict[str, EndpointContender] | None = None,
+    endpoint_pids: dict[str, int] | None = None,
+    start_augury: bool = True,
 ) -> LoadReport:
     """Start the spec-off and spec-on servers, run the load, and stop both whatever happens.
 
     port 0: ephemeral ports; otherwise spec off gets `port` and spec on `port + 1`.
+    endpoints: other servers already running (llama-server, vLLM, ...) by name, loaded with the same
+    prompts and levels in the same run, their resident memory read from `endpoint_pids` where given;
+    start_augury False loads only those.
     """
     say = progress or (lambda _line: None)
+    endpoints = endpoints or {}
+    endpoint_pids = endpoint_pids or {}
+    if not start_augury:
+        ready = {name: resident_gb(pid) for name, pid in endpoint_pids.items()}
+        report = run_load(endpoints, prompts, concurrency, requests_per_client, max_tokens, progress, min_requests,
+                          repeats)
+        _record_memory(report, ready, endpoint_pids)
+        return report
     if port:
         for p in (port, port + 1):
             check_port_free(p)
@@ -460,13 +517,11 @@ def run_with_servers(
         for name, server in servers.items():
             clients[name] = EndpointContender(server.base, method=name)
             clients[name].check()
-        ready = {name: resident_gb(server.proc.pid) for name, server in servers.items()}
-        report = run_load(clients, prompts, concurrency, requests_per_client, max_tokens, progress, min_requests,
-                          repeats)
-        for name, server in servers.items():
-            after = resident_gb(server.proc.pid)
-            if ready[name] is not None and after is not None:
-                report.memory[name] = ServerMemory(ready=ready[name][0], peak=after[1], after=after[0])
+        pids = {name: server.proc.pid for name, server in servers.items()} | endpoint_pids
+        ready = {name: resident_gb(pid) for name, pid in pids.items()}
+        report = run_load(clients | endpoints, prompts, concurrency, requests_per_client, max_tokens, progress,
+                          min_requests, repeats)
+        _record_memory(report, ready, pids)
         return report
     finally:
         for server in servers.values():
@@ -475,6 +530,14 @@ def run_with_servers(
             except BaseException:  # still stop the other one, even on a second Ctrl-C
                 if server.proc is not None:
                     server.proc.kill()
+
+
+def _record_memory(report: LoadReport, ready: dict[str, tuple[float, float] | None], pids: dict[str, int]) -> None:
+    """Each server's resident memory when ready, at its peak and after the load (where /proc shows it)."""
+    for name, pid in pids.items():
+        after = resident_gb(pid)
+        if ready.get(name) is not None and after is not None:
+            report.memory[name] = ServerMemory(ready=ready[name][0], peak=after[1], after=after[0])
 
 
 def write_json(report: LoadReport, path: Path) -> None:

@@ -24,7 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Starts two `augury serve` processes on 127.0.0.1 (model drafting and plain decoding), "
         "loads one at a time with 1, 2, 4, ... concurrent streaming clients (greedy chat completions), and "
         "prints aggregate output tokens/s, time to first token and time per output token per level, with "
-        "the speed-up of speculation. Every response is checked against its prompt's text at concurrency 1.",
+        "the speed-up of speculation. Every response is checked against its prompt's text at concurrency 1. "
+        "--endpoint adds any running OpenAI-compatible server (llama-server -np N -cb) to the same run, "
+        "with TTFT and TPOT at p50 and p99 and resident memory for every server.",
     )
     add_model_args(p)
     g = p.add_argument_group("servers")
@@ -38,6 +40,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="spec off on PORT, spec on on PORT+1 (default 0: free ephemeral ports)")
     g.add_argument("--startup-timeout", type=float, default=600.0,
                    help="seconds to wait for each server's /health (default 600)")
+    g = p.add_argument_group("other servers")
+    g.add_argument("--endpoint", default=None, metavar="URL",
+                   help="also load this running OpenAI-compatible server (e.g. llama-server -np 16 -cb on the same "
+                   "GGUF) with the same prompts and levels, in the same run")
+    g.add_argument("--endpoint-label", default="endpoint", help="its name in the report (default endpoint)")
+    g.add_argument("--endpoint-pid", type=int, default=None,
+                   help="its process id, to report its resident memory as augury's servers' is")
+    g.add_argument("--endpoint-api-key", default=None, help="bearer key the endpoint wants, if any")
+    g.add_argument("--endpoint-model", default=None, help="model name to send it (default: the first it lists)")
+    g.add_argument("--endpoint-only", action="store_true", help="load only the endpoint: start no augury server")
     g = p.add_argument_group("load")
     g.add_argument("--concurrency", default="1,2,4,8,16", help="client counts, comma separated (default 1,2,4,8,16)")
     g.add_argument("--requests-per-client", type=int, default=2,
@@ -59,7 +71,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> list[int]:
-    from augury.bench.load import parse_concurrency
+    from augury.bench.load import SPEC_OFF, SPEC_ON, parse_concurrency
+    from augury.bench.server_process import resident_gb
 
     levels = parse_concurrency(args.concurrency)
     for name in ("requests_per_client", "max_tokens", "k", "repeats"):
@@ -76,6 +89,17 @@ def _check_args(args: argparse.Namespace) -> list[int]:
         raise AuguryError(f"--port must be between 1 and 65534 (or 0 for ephemeral ports), got {args.port}")
     if args.startup_timeout <= 0:
         raise AuguryError(f"--startup-timeout must be positive, got {args.startup_timeout}")
+    if args.endpoint is None:
+        for flag in ("endpoint_pid", "endpoint_api_key", "endpoint_model"):
+            if getattr(args, flag) is not None:
+                raise AuguryError(f"--{flag.replace('_', '-')} needs --endpoint")
+        if args.endpoint_only:
+            raise AuguryError("--endpoint-only needs --endpoint")
+    if args.endpoint_label in (SPEC_OFF, SPEC_ON) or not args.endpoint_label.strip():
+        raise AuguryError(f"--endpoint-label must name the endpoint apart from augury's servers, got "
+                          f"{args.endpoint_label!r}")
+    if args.endpoint_pid is not None and resident_gb(args.endpoint_pid) is None:
+        raise AuguryError(f"--endpoint-pid {args.endpoint_pid}: no such process (or no /proc to read its memory)")
     return levels
 
 
@@ -95,6 +119,7 @@ def _serve_args(args: argparse.Namespace, max_batch: int) -> list[str]:
 
 def run_loadtest(args: argparse.Namespace) -> int:
     levels = _check_args(args)
+    from augury.bench.endpoint import EndpointContender
     from augury.bench.load import run_with_servers, write_json
     from augury.bench.suites import load_suite
 
@@ -105,17 +130,26 @@ def run_loadtest(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"augury: {line}", file=sys.stderr, flush=True)
 
+    endpoints, pids = {}, {}
+    if args.endpoint is not None:
+        client = EndpointContender(args.endpoint, api_key=args.endpoint_api_key, model=args.endpoint_model,
+                                   method=args.endpoint_label)
+        client.check()  # an unreachable or non-OpenAI endpoint: one line, before any augury server starts
+        endpoints[args.endpoint_label] = client
+        if args.endpoint_pid is not None:
+            pids[args.endpoint_label] = args.endpoint_pid
     report = run_with_servers(
         _serve_args(args, max_batch), prompts, levels, args.requests_per_client, args.max_tokens,
         port=args.port, startup_timeout=args.startup_timeout, progress=progress, min_requests=args.min_requests,
-        repeats=args.repeats,
+        repeats=args.repeats, endpoints=endpoints, endpoint_pids=pids, start_augury=not args.endpoint_only,
     )
     report.prompt_ids = [p.id for p in suite.prompts]
     report.settings = {
         "model": args.model, "draft": args.draft, "k": args.k, "max_batch": max_batch, "dtype": args.dtype,
         "device": args.device, "suite": args.suite, "prompts": len(prompts), "concurrency": levels,
         "requests_per_client": args.requests_per_client, "min_requests": args.min_requests, "repeats": args.repeats,
-        "max_tokens": args.max_tokens, "temperature": 0.0,
+        "max_tokens": args.max_tokens, "temperature": 0.0, "endpoint": args.endpoint,
+        "endpoint_label": args.endpoint_label if args.endpoint else None, "augury_servers": not args.endpoint_only,
     }
     print(report.markdown(), end="")
     if args.out is not None:
