@@ -14,18 +14,8 @@ import sys
 import pytest
 
 from augury.bench.endpoint import EndpointContender
-from augury.bench.load import (
-    SPEC_OFF,
-    SPEC_ON,
-    LevelResult,
-    LoadReport,
-    RequestResult,
-    parse_concurrency,
-    prompt_index,
-    prompts_at,
-    rounds_at,
-    run_load,
-)
+from augury.bench.load import parse_concurrency, prompt_index, prompts_at, rounds_at, run_load
+from augury.bench.load_report import SPEC_OFF, SPEC_ON, LevelResult, LoadReport, RequestResult
 from augury.bench.server_process import ServerMemory, ServerProcess, check_port_free, resident_gb
 from augury.cli import main
 from augury.errors import AuguryError
@@ -288,7 +278,7 @@ def test_a_port_in_use_is_refused():
 
 
 def test_percentiles_by_nearest_rank_and_the_latency_table():
-    from augury.bench.load import percentile
+    from augury.bench.load_report import percentile
 
     assert percentile([], 50) is None
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([3.0, 1.0, 2.0], 99) == 3.0

@@ -21,8 +21,6 @@ BEING_SPLIT: set[str] = set()
 # Import circles that remain, each through an import deferred into a function. This list must
 # shrink too: take a circle off once it is gone, and never add one.
 KNOWN_CIRCLES = {
-    # the decoder builds the native stack; the stack reads the decoder's config, weights and rope table
-    frozenset({"augury.models.decoder", "augury.models.native_layers"}),
     # quantize_draft (proposers/__init__) needs the low-bit weights of quantized.py, whose proposer is a
     # draft-model proposer, whose builder calls quantize_draft
     frozenset({"augury.proposers", "augury.proposers.draft_model", "augury.proposers.quantized"}),

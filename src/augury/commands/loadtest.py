@@ -71,7 +71,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> list[int]:
-    from augury.bench.load import SPEC_OFF, SPEC_ON, parse_concurrency
+    from augury.bench.load import parse_concurrency
+    from augury.bench.load_report import SPEC_OFF, SPEC_ON
     from augury.bench.server_process import resident_gb
 
     levels = parse_concurrency(args.concurrency)

@@ -27,7 +27,7 @@ from augury.kernels import packing
 
 if TYPE_CHECKING:
     from augury.cache import CacheGroup, KVCache
-    from augury.models.decoder import ModelConfig, Weights
+    from augury.models.config import ModelConfig, Weights
 
 _EMPTY = torch.zeros(0, dtype=torch.long)
 
