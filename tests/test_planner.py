@@ -195,12 +195,14 @@ class _Alone:
         return self.behind
 
 
-@pytest.mark.parametrize("behind, starts", [(20, True), (2000, False)])
+@pytest.mark.parametrize("behind, starts", [(20, True), (140, True), (2000, False)])
 def test_a_probe_starts_a_drafter_only_where_its_catch_up_is_cheap(behind, starts):
-    """Past the warm-up, a probe of a sequence alone starts its drafter for a 20-token catch-up
-    (40 ms, about one plain step) but not for a 2000-token prompt (4 s: a probe cannot win that back)."""
+    """Past the warm-up, a probe of a sequence alone that may still generate 101 tokens (3.03 s of
+    plain steps) starts its drafter for a 20-token catch-up (40 ms, about one plain step) and for a
+    140-token one (0.28 s: under a tenth of the request's plain time), but not for a 2000-token
+    prompt (4 s: a probe cannot win that back)."""
     planner = Planner(4, batched=False, probe_every=1, curve={1: 30.0, 5: 36.0})
     planner.steps = planner.k_max + 1  # the warm-up is over
     planner.costs.observe_catch_up(100, 0.2)  # 2 ms a token, as measured when a drafter started
     assert planner.plan([_Alone(behind)]) == ([4] if starts else [0])
-    assert planner.probes == 1  # it was a probe in both cases
+    assert planner.probes == 1  # it was a probe in every case

@@ -297,8 +297,10 @@ class Planner:
     DRAFT_MARGIN = 0.15
     # Drafted tokens, server-wide, before the measured acceptance replaces the prior.
     TRUST_AFTER_DRAFTED = 32
-    # The most a probe may spend starting a drafter, in plain steps (see _start_is_cheap).
+    # The most a probe may spend starting a drafter: plain steps, or a share of the request's plain
+    # time left, whichever is more (see _start_is_cheap).
     PROBE_START_STEPS = 4
+    PROBE_START_SHARE = 0.1
 
     def __init__(
         self,
@@ -426,15 +428,19 @@ class Planner:
 
     def _start_is_cheap(self, request: Request) -> bool:
         """Whether a probe may start this sequence's drafter: its catch-up (a draft model's prefill of
-        the whole sequence) costs at most PROBE_START_STEPS plain steps at the measured rates.
+        the whole sequence) costs at most PROBE_START_SHARE of the plain time of what the request may
+        still generate, or PROBE_START_STEPS plain steps, whichever is more, at the measured rates.
 
         A probe measures one step; on a long prompt, starting a model drafter for it cost more than
-        the probe could ever win back (the model drafter lost most on RAG and summarization, whose
-        prompts are the longest: docs/benchmarks.md 7). The plan itself still starts a drafter where
-        the catch-up, spread over the steps left, pays (`plan_step`'s `behind`).
+        the probe could win back (the model drafter lost most on RAG and summarization, whose prompts
+        are the longest: docs/benchmarks.md 7). Shorter prompts keep their probes: without them a
+        planner whose first drafts were poor would never measure the drafter again (a hybrid's first
+        matcher drafts, 2026-12-02). The plan itself still starts a drafter where the catch-up,
+        spread over the steps left, pays (`plan_step`'s `behind`).
         """
-        late = request.catch_up()
-        return late * self.costs.catch_up_per_token <= self.PROBE_START_STEPS * self.costs.target_time(1, 1)
+        step = self.costs.target_time(1, 1)
+        allowed = max(self.PROBE_START_STEPS * step, self.PROBE_START_SHARE * step * (request.draft_cap() + 1))
+        return request.catch_up() * self.costs.catch_up_per_token <= allowed
 
     @staticmethod
     def _probe(
