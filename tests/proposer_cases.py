@@ -37,6 +37,22 @@ def _draft_model_lean(target: Model, seed: int) -> Proposer:
     return DraftModelProposer(draft, cfg.vocab_size, confidence=0.5, vocab_limit=cfg.vocab_size - 1)
 
 
+def _draft_model_subset(target: Model, seed: int) -> Proposer:
+    """The draft model projecting onto two thirds of the ids only (a frequency-ranked head's shape)."""
+    from augury.proposers.draft_model import DraftModelProposer
+
+    cfg = target.config
+    draft = tiny_model(vocab=cfg.vocab_size, seed=seed, hidden=cfg.hidden_size, dtype=target.decoder.dtype)
+    return DraftModelProposer(draft, cfg.vocab_size, vocab_limit=subset_ids(cfg.vocab_size))
+
+
+def subset_ids(vocab: int):
+    """The ids the subset drafter keeps: every id but those = 1 (mod 3)."""
+    import torch
+
+    return torch.tensor([i for i in range(vocab) if i % 3 != 1])
+
+
 def _cross(target: Model, seed: int) -> Proposer:
     """A drafter whose tokenizer numbers the same characters differently (ids reversed)."""
     from augury.proposers.cross_tokenizer import CrossTokenizerProposer
@@ -72,6 +88,7 @@ def _hybrid(target: Model, seed: int) -> Proposer:
 PROPOSER_CASES: list[ProposerCase] = [
     ProposerCase("model", _draft_model),
     ProposerCase("model-lean", _draft_model_lean),
+    ProposerCase("model-subset", _draft_model_subset),
     ProposerCase("ngram", _registered("ngram", ngram_min=1, ngram_max=3)),
     ProposerCase("suffix", _registered("suffix", match_min=1)),
     ProposerCase("hybrid", _hybrid),

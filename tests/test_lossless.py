@@ -79,7 +79,7 @@ def test_greedy_speculative_equals_plain(case, params_name, k, greedy_target):
 def test_the_quantized_cases_are_int4_and_int8(greedy_target):
     """The default self-drafter (int4) and the int8 case must really differ, or one format goes unproven."""
     from augury.models.decoder import LINEAR_FIELDS
-    from augury.proposers.quantized import int4_matmul_available
+    from augury.models.low_bit import int4_matmul_available
 
     if not int4_matmul_available(greedy_target.decoder):
         pytest.skip("torch's int4 kernel does not run here: the default falls back to int8")

@@ -34,7 +34,7 @@ from augury.proposers.layer_skip import (
     skip_layers,
     write_calibration,
 )
-from augury.proposers.quantized import Int8Weight, quantize_decoder
+from augury.models.low_bit import Int8Weight, quantize_decoder
 from augury.sampling import SamplingParams
 from tests.tiny import random_decoder, tiny_model
 
@@ -349,7 +349,7 @@ def test_int8_weight_matmul_matches_its_dequantized_weight(fused):
 def test_int4_weight_matmul_matches_its_dequantized_weight(dtype):
     """4-bit groups of 32: every weight within half a step of its group's grid, the kernel's matmul
     equal to a matmul with the dequantized weight, row slices (a truncated head) equal to slicing."""
-    from augury.proposers.quantized import Int4Weight
+    from augury.models.low_bit import Int4Weight
 
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(40, 64, generator=gen).to(dtype)  # not a multiple of the kernel's 16-row blocks
@@ -479,3 +479,66 @@ def test_batched_drafting_equals_drafting_one_sequence_at_a_time(temperature):
                 torch.testing.assert_close(a.q_draft, b.q_draft)
     assert any(len(d) > 1 for step in together for d in step)
     assert forwards_together < forwards_alone
+
+
+# -- a head on some token ids only (--draft-vocab) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_subset_head_drafts_only_its_ids_with_a_q_draft_that_sums_to_one(temperature):
+    """The drafter projecting onto two thirds of the ids: every drafted token is one of them, and a
+    sampled draft's q_draft is zero outside them and sums to one (so rejection sampling stays exact:
+    the batteries of test_lossless.py run this case too)."""
+    from augury.engine import Engine
+    from augury.sampling import SamplingParams
+    from tests.proposer_cases import PROPOSER_CASES, make_proposer, subset_ids
+    from tests.test_lossless import DraftRecorder
+
+    vocab = 12
+    target = tiny_model(vocab=vocab, seed=5, hidden=32, layers=2)
+    case = next(c for c in PROPOSER_CASES if c.name == "model-subset")
+    recorder = DraftRecorder(make_proposer(case, target, seed=6))
+    kept = subset_ids(vocab)
+    outside = torch.tensor([i for i in range(vocab) if i not in set(kept.tolist())])
+    engine = Engine(target, recorder, k=3)
+    for seed in range(6):
+        engine.generate([1, 2, 3, 4, 5][: 3 + seed % 3], SamplingParams(temperature=temperature, seed=seed,
+                                                                         coupling="rejection", max_tokens=16))
+    drafts = [draft for draft, _, _ in recorder.records if len(draft)]
+    assert drafts, "the subset drafter never drafted"
+    assert all(t in set(kept.tolist()) for d in drafts for t in d.tokens)
+    for draft in drafts:
+        if temperature == 0:
+            assert draft.q_draft is None
+            continue
+        q = draft.q_draft.double()
+        assert torch.allclose(q.sum(-1), torch.ones(len(draft), dtype=torch.float64), atol=1e-6)
+        assert not q[:, outside].any()
+
+
+def test_the_corpus_ranks_a_drafters_ids_by_frequency_then_id(monkeypatch):
+    """ranked_ids over a stand-in corpus: the most frequent ids first, the unseen by id, special tokens
+    always kept; "id" is the first N; bad orders and sizes are one clear error."""
+    from augury.proposers import draft_vocab
+    from augury.train import stdlib_corpus
+
+    class Letters:  # a tokenizer of single letters: a=0 ... z=25, then two specials
+        vocab = {chr(97 + i): i for i in range(26)} | {"<end>": 26, "<pad>": 27}
+        special_texts = ("<end>", "<pad>")
+        eos_ids = frozenset({26})
+
+        def encode(self, text, add_bos=False, special=False):
+            return [ord(c) - 97 for c in text if "a" <= c <= "z"]
+
+    corpus = [stdlib_corpus.Sample("zz", "zzz yyy x", "m1"), stdlib_corpus.Sample("y", "q", "m2")]
+    monkeypatch.setattr(stdlib_corpus, "samples", lambda *a, **k: iter(corpus))
+    counts = draft_vocab.corpus_counts(Letters(), 28)
+    assert counts[25] == 5 and counts[24] == 4 and counts[23] == 1 and counts[16] == 1 and counts[0] == 0
+    ids = draft_vocab.ranked_ids(Letters(), 28, 7)
+    # specials 26, 27; z (5), y (4); x and q (1 each, by id: q=16 before x=23); then a (0), by id
+    assert ids.tolist() == [0, 16, 23, 24, 25, 26, 27]
+    assert draft_vocab.ranked_ids(Letters(), 28, 3, "id").tolist() == [0, 1, 2]
+    with pytest.raises(AuguryError, match="unknown draft vocabulary order"):
+        draft_vocab.ranked_ids(Letters(), 28, 3, "alphabetical")
+    with pytest.raises(AuguryError, match="between 1 and"):
+        draft_vocab.ranked_ids(Letters(), 28, 0)

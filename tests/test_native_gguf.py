@@ -322,3 +322,41 @@ def test_a_gguf_model_drafter_keeps_its_blocks_by_default(native_target):
     assert not isinstance(as_int4.decoder.weights.layers[0].wqkv, GgufWeight)
     with pytest.raises(AuguryError, match="--draft-quant gguf needs a GGUF drafter"):  # fp16: dequantized
         build_proposer("model", native_target, draft=str(path), draft_quant="gguf", dtype="fp16")
+
+
+def test_a_gguf_drafter_requantized_to_q4_0_reads_fewer_bytes_and_stays_lossless(native_target):
+    """--draft-quant q4_0: every matmul weight stored wider than Q4_0 (4.5 bits a value) is re-quantized
+    to it and the narrower ones are kept; the drafter still runs on the C++ layer, reads fewer bytes,
+    its logits stay close to its own blocks', and greedy speculation still equals plain decoding."""
+    from augury.engine import Engine
+    from augury.models.decoder import LINEAR_FIELDS
+    from augury.proposers import build_proposer
+    from augury.sampling import SamplingParams
+
+    path = native_target.source
+    own = build_proposer("model", native_target, draft=str(path))
+    q4 = build_proposer("model", native_target, draft=str(path), draft_quant="q4_0")
+
+    def matrices(decoder):
+        w = decoder.weights
+        return [getattr(layer, name) for layer in w.layers for name in LINEAR_FIELDS] + [w.lm_head]
+
+    before, after = matrices(own.decoder), matrices(q4.decoder)
+    assert any(b.bits_per_value() > 4.5 for b in before) and any(b.bits_per_value() <= 4.5 for b in before)
+    for b, a in zip(before, after):
+        if b.bits_per_value() > 4.5:
+            assert a.kinds == ["Q4_0"], (b.kinds, a.kinds)
+        else:  # kept as loaded (each proposer loads its own copy of the file)
+            assert a.kinds == b.kinds and all(torch.equal(pa.data, pb.data) for pa, pb in zip(a.parts, b.parts))
+    assert sum(a.nbytes for a in after) < sum(b.nbytes for b in before)
+    assert q4.decoder.native is not None
+    tokens = torch.tensor([PROMPT[:12]])
+    logits = [d.forward(tokens, d.new_cache(1, 64)) for d in (own.decoder, q4.decoder)]
+    off = float((logits[0] - logits[1]).abs().max()) / float(logits[0].abs().max())
+    assert 0 < off < 0.2, f"re-quantized logits off by {off:.3f} of the largest"
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    plain = Engine(native_target).generate(PROMPT, params)
+    spec = Engine(native_target, q4, k=4).generate(PROMPT, params)
+    assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
+    with pytest.raises(AuguryError, match="--draft-quant q4_0 re-quantizes a GGUF drafter"):  # fp16: dequantized
+        build_proposer("model", native_target, draft=str(path), draft_quant="q4_0", dtype="fp16")

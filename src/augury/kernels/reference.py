@@ -52,6 +52,12 @@ BLOCK_SHAPES: dict[str, tuple[int, int]] = {
 }
 KINDS = tuple(BLOCK_SHAPES)
 
+
+def bits(kind: str) -> float:
+    """Bits per value of a block type, its scales included (Q4_0: 4.5, Q8_0: 8.5)."""
+    size, nbytes = BLOCK_SHAPES[kind]
+    return 8.0 * nbytes / size
+
 # Integer zero point subtracted from the unsigned quants (Q8_0's int8 values are
 # stored shifted by 128 so that every format has unsigned quants).
 ZERO = {"Q4_0": 8, "Q5_0": 16, "Q8_0": 128, "Q6_K": 32, "Q4_1": 0, "Q5_1": 0, "Q4_K": 0, "Q5_K": 0}

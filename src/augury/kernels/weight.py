@@ -180,6 +180,22 @@ class GgufWeight:
             ])
         return torch.cat([reference.affine_dequantize(d) for d in self.decoded()]).to(self.dtype)
 
+    def bits_per_value(self) -> float:
+        """Bits read per weight value, block scales included."""
+        return sum(reference.bits(p.kind) * p.rows for p in self.parts) / self.shape[0]
+
+    def requantized(self, kind: str) -> "GgufWeight":
+        """The same matrix re-quantized to block type `kind` from its exact fp32 values (round to
+        nearest, `reference.quantize`): a drafter that reads fewer bytes per step. Lossy, so only for
+        weights whose outputs the target checks."""
+        dense = torch.cat([reference.affine_dequantize(d) for d in self.decoded()])
+        return GgufWeight([(kind, reference.quantize(kind, dense))], dtype=self.dtype, kernel=self.kernel or False)
+
+    def take_rows(self, ids: Tensor) -> "GgufWeight":
+        """Output rows `ids` (ascending) as a new weight, repacked (a drafter's frequency-ranked head)."""
+        picked = _slice_decoded(self.decoded(), ids)
+        return self._from_parts([self._part_from_decoded(d) for d in picked], self)
+
     def __getitem__(self, rows: slice) -> "GgufWeight":
         """Some output rows (a drafter's truncated head). A prefix shares storage; other slices are repacked."""
         start, stop, step = rows.indices(self.shape[0])
@@ -217,8 +233,8 @@ def _isa_of(kernel: ModuleType | None) -> str:
     return kernel_isa() if kernel is extension() else kernel.available_isas()[0]
 
 
-def _slice_decoded(parts: list[reference.Decoded], rows: slice) -> list[reference.Decoded]:
-    """The given output rows of stacked decoded parts, part by part."""
+def _slice_decoded(parts: list[reference.Decoded], rows: slice | Tensor) -> list[reference.Decoded]:
+    """The given output rows (a slice, or ascending ids) of stacked decoded parts, part by part."""
     total = sum(d.q.shape[0] for d in parts)
     wanted = torch.arange(total)[rows]
     out, base = [], 0

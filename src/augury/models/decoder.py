@@ -130,14 +130,26 @@ class Decoder:
         # drafter batch sequences whose caches are separate, see cache.CacheGroup).
         self.row_attention_limit = PREFILL_ROWS if exact else 4
         self.native = NativeStack.build(config, weights, self.scale) if native else None
+        self.head_ids: Tensor | None = None  # [N] the token ids lm_head's rows stand for (with_head_rows), or all
 
-    def with_head_rows(self, rows: int) -> "Decoder":
-        """The same decoder (shared weights and settings) projecting onto token ids [0, rows) only."""
+    def with_head_rows(self, rows: int | Tensor) -> "Decoder":
+        """The same decoder (shared weights and settings) projecting onto some token ids only: the first
+        `rows` ids (logits [.., rows]), or a tensor of ascending ids [N] (a drafter's frequency-ranked
+        head: its logits keep the whole vocabulary, -inf outside the subset, so token ids, penalties
+        and q_draft's support mean what they mean for the full head)."""
         w = self.weights
-        head = Weights(embed=w.embed, final_norm=w.final_norm, lm_head=w.lm_head[:rows], layers=w.layers)
+        ids = None if isinstance(rows, int) else rows.long()
+        if ids is None:
+            lm_head = w.lm_head[:rows]
+        elif hasattr(w.lm_head, "take_rows"):  # GGUF blocks: the rows repacked, still on the kernel
+            lm_head = w.lm_head.take_rows(ids)
+        else:  # a tensor, or another packed format as its dense rows
+            lm_head = dense_weight(w.lm_head).index_select(0, ids)
+        head = Weights(embed=w.embed, final_norm=w.final_norm, lm_head=lm_head, layers=w.layers)
         clone = Decoder.__new__(Decoder)
         clone.__dict__.update(self.__dict__)
         clone.weights = head
+        clone.head_ids = ids
         return clone
 
     def pad_rows(self, rows: int) -> int:
@@ -232,7 +244,11 @@ class Decoder:
         """Final normed rows [B, R, hidden] -> fp32 logits [B, R, V] (soft-capped where the model says so)."""
         if rows.shape[-2] == 0:  # no rows asked for (a collector that takes the states alone)
             return rows.new_zeros(*rows.shape[:-1], self.config.vocab_size, dtype=torch.float32)
-        return softcap(self._linear(rows, self.weights.lm_head, padding=padding).float(), self.config.final_softcap)
+        logits = softcap(self._linear(rows, self.weights.lm_head, padding=padding).float(), self.config.final_softcap)
+        if self.head_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.head_ids, logits)
 
     def _run_layers(
         self,

@@ -90,7 +90,8 @@ def build_proposer(
 
 def quantize_draft(draft: Model, fmt: str) -> Model:
     """The draft model with its matmul weights in `fmt` ("int4", "int8"; "none" keeps them; "gguf" keeps a
-    GGUF drafter's own blocks; "auto": "gguf" where the drafter runs on them, else "int4").
+    GGUF drafter's own blocks; "q4_0" re-quantizes its wider blocks to Q4_0; "auto": "gguf" where the
+    drafter runs on them, else "int4").
 
     A drafter's guesses are checked by the target, so its weights may be
     lossy: on a CPU reading fewer weight bytes is what makes drafting cheap.
@@ -102,9 +103,17 @@ def quantize_draft(draft: Model, fmt: str) -> Model:
         raise AuguryError(f"--draft-quant gguf needs a GGUF drafter on the native kernel; {draft.name} is not one")
     if fmt == "none" or (fmt in ("auto", "gguf") and on_blocks):
         return draft
+    if fmt in opts.BLOCK_REQUANTS:
+        if not on_blocks:
+            raise AuguryError(f"--draft-quant {fmt} re-quantizes a GGUF drafter's blocks on the native kernel; "
+                              f"{draft.name} is not one")
+        from augury.models.low_bit import requantize_decoder
+
+        return Model(name=draft.name, decoder=requantize_decoder(draft.decoder, fmt.upper()),
+                     tokenizer=draft.tokenizer, source=draft.source)
     if fmt == "auto":
         fmt = "int4"
-    from augury.proposers.quantized import int4_matmul_available, quantize_decoder
+    from augury.models.low_bit import int4_matmul_available, quantize_decoder
 
     if fmt == "int4" and not int4_matmul_available(draft.decoder):
         fmt = "int8"  # torch's int4 kernel is CPU-only

@@ -12,11 +12,11 @@ lean, neither of which can change the output (the target verifies whatever is
 proposed):
 - confidence: stop drafting once the drafter's own top probability falls below
   a threshold; a guess it doubts is likely rejected and costs a forward.
-- vocab_limit: project only onto the first N token ids. BPE vocabularies are
-  ordered roughly by merge frequency, so the head shrinks a lot (for a 0.5B
-  Qwen the output matrix is over a quarter of all weights) while nearly every
-  drafted token stays reachable; tokens past N are still produced by the target
-  as recovered or bonus tokens.
+- vocab_limit: project only onto N token ids (`draft_vocab.py`: the most
+  frequent in a corpus, or the first N), so the head shrinks a lot (for a 0.5B
+  Qwen the output matrix is over a third of what a step reads) while nearly
+  every drafted token stays reachable; the others are still produced by the
+  target as recovered or bonus tokens.
 
 With a prefix cache (`use_prefix_cache`, given by the batching scheduler) a
 sequence starts on the rows the drafter kept of earlier sequences with the same
@@ -80,15 +80,19 @@ class DraftModelProposer(ProposerBase):
     name = "model"
 
     def __init__(
-        self, draft: Model, target_vocab_size: int, *, confidence: float = 0.0, vocab_limit: int = 0
+        self, draft: Model, target_vocab_size: int, *, confidence: float = 0.0, vocab_limit: int | torch.Tensor = 0
     ) -> None:
+        """vocab_limit: project onto the first N token ids (an int; 0 = all), or onto the given ascending ids
+        (a tensor, `draft_vocab.head_vocab`)."""
         if not 0.0 <= confidence < 1.0:
             raise AuguryError(f"draft confidence must be in [0, 1), got {confidence}")
-        if vocab_limit < 0:
-            raise AuguryError(f"draft vocabulary limit must be >= 0 (0 = full), got {vocab_limit}")
         self.model = draft
         self.decoder = draft.decoder
-        if 0 < vocab_limit < draft.config.vocab_size:
+        if isinstance(vocab_limit, torch.Tensor):
+            self.decoder = draft.decoder.with_head_rows(vocab_limit)
+        elif vocab_limit < 0:
+            raise AuguryError(f"draft vocabulary limit must be >= 0 (0 = full), got {vocab_limit}")
+        elif 0 < vocab_limit < draft.config.vocab_size:
             self.decoder = draft.decoder.with_head_rows(vocab_limit)
         self.target_vocab_size = target_vocab_size
         self.confidence = confidence
@@ -278,6 +282,7 @@ def build(target: Model, options) -> DraftModelProposer:
     """The registry's builder: load options.draft (same tokenizer), quantize it, draft with confidence and head limits."""
     from augury.models.loader import load_model
     from augury.proposers import quantize_draft
+    from augury.proposers.draft_vocab import head_vocab
 
     if not options.draft:
         raise AuguryError("draft method 'model' needs --draft NAME_OR_PATH")
@@ -285,5 +290,6 @@ def build(target: Model, options) -> DraftModelProposer:
     check_same_vocabulary(target, draft)
     draft = quantize_draft(draft, options.draft_quant)
     return DraftModelProposer(
-        draft, target.config.vocab_size, vocab_limit=options.draft_vocab, confidence=options.draft_confidence
+        draft, target.config.vocab_size, confidence=options.draft_confidence,
+        vocab_limit=head_vocab(draft, options.draft_vocab, options.draft_vocab_order),
     )

@@ -148,6 +148,9 @@ def layer_skip_model(target: Model, skip: list[int]) -> Model:
 
 def build(target: Model, options) -> LayerSkipProposer:
     """The layerskip proposer for `target`, skipping options.skip_layers (see parse_skip_layers)."""
+    from augury.proposers.draft_vocab import head_vocab
+
     skip = parse_skip_layers(options.skip_layers, target.config.num_layers, target.name)
-    return LayerSkipProposer(layer_skip_model(target, skip), target.config.vocab_size,
-                             confidence=options.draft_confidence, vocab_limit=options.draft_vocab)
+    draft = layer_skip_model(target, skip)
+    return LayerSkipProposer(draft, target.config.vocab_size, confidence=options.draft_confidence,
+                             vocab_limit=head_vocab(draft, options.draft_vocab, options.draft_vocab_order))
