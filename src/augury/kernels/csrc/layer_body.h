@@ -68,32 +68,51 @@ inline int64_t key_slot(const LayerIO& io, int64_t r, int64_t j) {
   return j < span ? io.key_lo[r] + j : io.extra_slots[io.extra_off[r] + j - span];
 }
 
+// 16 fp32 lanes as one value (GCC/Clang vector extension: elementwise IEEE operations that the
+// compiler lowers to whatever SIMD the region targets, or to scalar code).
+typedef float v16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+
+inline v16 splat(float c) { return v16{} + c; }
+
 // exp(x) for x <= 0 (softmax terms after the max is subtracted), in branch-free arithmetic the
 // compiler vectorises: x = n ln2 + f, |f| <= ln2 / 2, e^f by its degree-6 Taylor polynomial
 // (relative error < 2e-7 at |f| = ln2 / 2, a few fp32 ulps in all), times 2^n built in the
 // exponent bits. Below -87 the result is flushed to 0.
-inline float exp_neg(float x) {
-  x = std::max(x, -87.0f);
-  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round to nearest
-  const float f = (x - n * 0.693145752f) - n * 1.42860677e-6f;     // ln2 in two parts
-  float p = 1.0f / 720.0f;
+// Written once for a float and for 16 lanes (v16): the same operations in the same order, so every
+// lane has the scalar's bits.
+inline float at_least(float x, float lo) { return std::max(x, lo); }
+inline v16 at_least(v16 x, float lo) { return x < splat(lo) ? splat(lo) : x; }
+inline float pow2(float n) {  // 2^n for an integral n in [-126, 127], from its exponent bits
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+inline v16 pow2(v16 n) {
+  const i32x16 bits = (__builtin_convertvector(n, i32x16) + 127) << 23;
+  v16 out;
+  std::memcpy(&out, &bits, 64);
+  return out;
+}
+
+template <typename V>
+inline V exp_neg(V x) {
+  x = at_least(x, -87.0f);
+  const V n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round to nearest
+  const V f = (x - n * 0.693145752f) - n * 1.42860677e-6f;     // ln2 in two parts
+  V p = V{} + 1.0f / 720.0f;
   p = p * f + 1.0f / 120.0f;
   p = p * f + 1.0f / 24.0f;
   p = p * f + 1.0f / 6.0f;
   p = p * f + 0.5f;
   p = p * f + 1.0f;
   p = p * f + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return p * scale;
+  return p * pow2(n);
 }
 
-// 16 fp32 lanes as one value (GCC/Clang vector extension: elementwise IEEE operations that the
-// compiler lowers to whatever SIMD the region targets, or to scalar code).
-typedef float v16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
 inline v16 load16(const float* p) { v16 v; std::memcpy(&v, p, 64); return v; }
 inline v16 load16(const uint16_t* p) {
@@ -179,28 +198,6 @@ void write_kv(const LayerDesc& L, const LayerIO& io, const float* qkv, int64_t n
   }
 }
 
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-
-inline v16 splat(float c) { return v16{} + c; }
-
-// exp_neg on 16 lanes: the same operations in the same order, so each lane has exp_neg's bits.
-inline v16 exp_neg16(v16 x) {
-  x = x < splat(-87.0f) ? splat(-87.0f) : x;
-  const v16 n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-  const v16 f = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-  v16 p = splat(1.0f / 720.0f);
-  p = p * f + 1.0f / 120.0f;
-  p = p * f + 1.0f / 24.0f;
-  p = p * f + 1.0f / 6.0f;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
-  const i32x16 bits = (__builtin_convertvector(n, i32x16) + 127) << 23;
-  v16 scale;
-  std::memcpy(&scale, &bits, 64);
-  return p * scale;
-}
-
 inline v16 abs16(v16 x) { return x < splat(0.0f) ? -x : x; }
 
 // act(gate) * up on 16 lanes, from e^-|t| alone (no overflow at any input):
@@ -209,11 +206,11 @@ inline v16 abs16(v16 x) { return x < splat(0.0f) ? -x : x; }
 inline v16 act_times_up(v16 g, v16 up, bool gelu) {
   if (gelu) {
     const v16 y = (g + g * g * g * 0.044715f) * 0.7978845608028654f;
-    const v16 e = exp_neg16(abs16(y) * -2.0f);
+    const v16 e = exp_neg(abs16(y) * -2.0f);
     const v16 t = (1.0f - e) / (1.0f + e);
     return g * 0.5f * (1.0f + (y < splat(0.0f) ? -t : t)) * up;
   }
-  const v16 e = exp_neg16(-abs16(g));
+  const v16 e = exp_neg(-abs16(g));
   const v16 sig = g < splat(0.0f) ? e / (1.0f + e) : 1.0f / (1.0f + e);
   return g * sig * up;
 }
