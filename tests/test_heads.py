@@ -32,7 +32,7 @@ from augury.proposers.heads import HeadProposer, make_proposer, untrained_propos
 from augury.sampling import SamplingParams
 from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig
 from tests.proposer_cases import ProposerCase
-from tests.tiny import tiny_model
+from tests.tiny import greedy_equivalence, tiny_model
 
 VOCAB = 24
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 8, 9, 10, 11, 7, 7, 8], [0, 5, 10]]
@@ -92,26 +92,17 @@ def trained_proposer(trained, kind: str, target: Model) -> HeadProposer:
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_head_drafting_equals_plain_through_the_engine(kind, k, target, trained):
-    params = SamplingParams(max_tokens=40)
     proposer = trained_proposer(trained, kind, target)
-    accepted = 0
-    for prompt in PROMPTS:
-        plain = Engine(target).generate(prompt, params)
-        spec = Engine(target, proposer, k=k).generate(prompt, params)
-        assert spec.token_ids == plain.token_ids, f"{kind} K={k}: speculative greedy output differs from plain"
-        accepted += spec.stats.accepted
-    assert accepted > 0, f"the trained {kind} head never had a draft accepted: the check proved little"
+    stats = greedy_equivalence(target, proposer, PROMPTS, SamplingParams(max_tokens=40), k, f"{kind} K={k}")
+    assert sum(s.accepted for s in stats) > 0, f"the trained {kind} head never had a draft accepted: the check proved little"
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_untrained_head_with_a_vocabulary_subset_is_lossless_too(kind, target):
     subset = torch.arange(0, VOCAB, 3)
     proposer = untrained_proposer(kind, target, vocab=subset, seed=2)
-    for prompt in PROMPTS:
-        plain = Engine(target).generate(prompt, SamplingParams(max_tokens=30))
-        spec = Engine(target, proposer, k=4).generate(prompt, SamplingParams(max_tokens=30))
-        assert spec.token_ids == plain.token_ids
-        assert spec.stats.drafted > 0
+    stats = greedy_equivalence(target, proposer, PROMPTS, SamplingParams(max_tokens=30), 4, f"{kind} subset")
+    assert all(s.drafted > 0 for s in stats)
 
 
 @pytest.mark.parametrize("k", [4, 8])
@@ -443,8 +434,6 @@ def test_hybrid_with_a_head_fallback_equals_plain_and_both_parts_draft(target, t
     path = _save(home / "head", source, "eagle", trained)
     hybrid = build_proposer("hybrid", source, head=str(path), match_min=1)
     assert hybrid.needs_hidden and isinstance(hybrid.model, HeadProposer)
-    params = SamplingParams(max_tokens=40)
-    for prompt in PROMPTS + [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2]]:
-        plain = Engine(source).generate(prompt, params)
-        assert Engine(source, hybrid, k=4).generate(prompt, params).token_ids == plain.token_ids
+    greedy_equivalence(source, hybrid, PROMPTS + [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2]], SamplingParams(max_tokens=40), 4,
+                       "hybrid with a head")
     assert hybrid.matcher_drafts > 0 and hybrid.model_drafts > 0, "both parts should have drafted"

@@ -180,6 +180,20 @@ def tiny_model(vocab: int = 8, seed: int = 0, dtype=torch.float32, eos_id: int |
     return Model(name=f"tiny-{seed}", decoder=decoder, tokenizer=CharTokenizer(vocab, eos_id), source=Path("."))
 
 
+def greedy_equivalence(target, proposer, prompts, params, k: int, label: str) -> list:
+    """Speculative greedy output equals plain greedy output on every prompt (the assertion); returns each
+    prompt's speculative stats, for the caller's guard that something was drafted or accepted."""
+    from augury.engine import Engine
+
+    stats = []
+    for prompt in prompts:
+        plain = Engine(target).generate(prompt, params)
+        spec = Engine(target, proposer, k=k).generate(prompt, params)
+        assert spec.token_ids == plain.token_ids, f"{label}: speculative greedy output differs from plain"
+        stats.append(spec.stats)
+    return stats
+
+
 def run_scheduler(scheduler, jobs: list[tuple[list[int], object]], timeout: float = 600.0) -> list:
     """Submit (prompt ids, SamplingParams) jobs all at once, run the scheduler until each ends, stop it.
 
