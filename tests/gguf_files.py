@@ -4,7 +4,8 @@ One writer for every family the tests load (tests/test_loading.py, tests/test_fa
 tensor names come from the `gguf` package's own tables (gguf.constants TENSOR_NAMES), the per-family
 changes are the converter's (llama's q/k row permutation, gemma's 1 + w norms, Phi-3's fused
 tensors, the llama3 `rope_freqs` tensor, Phi-3's longrope tensors and keys, gemma2's soft-cap and
-window keys).
+window keys). Beside it, `write_mixed_gguf`: a random model in the mixed block types of a Q4_K_M
+file, for the kernel's own loading tests (tests/test_native_gguf.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from augury.kernels import reference
 
 VOCAB = 96
 
@@ -179,3 +183,105 @@ def private_home(tmp_path_factory) -> Iterator[None]:
         del os.environ["AUGURY_HOME"]
     else:
         os.environ["AUGURY_HOME"] = before
+
+
+# -- a random model quantized in mixed block types, as a Q4_K_M file mixes them (tests/test_native_gguf.py) --
+
+MIXED_VOCAB = 93  # not a multiple of the kernel's 16-column tiles: the head has a tail
+MIXED_HIDDEN, MIXED_INTER, MIXED_HEADS, MIXED_KV_HEADS, MIXED_LAYERS = 256, 512, 4, 2, 2
+MIXED_HEAD_DIM = MIXED_HIDDEN // MIXED_HEADS
+
+# Block type per tensor, as a Q4_K_M file mixes them (v and some down projections in Q6_K).
+MIXED_TYPES = {
+    "token_embd.weight": "Q4_K",
+    "output.weight": "Q6_K",
+    "attn_q.weight": "Q4_K",
+    "attn_k.weight": "Q4_K",
+    "attn_v.weight": "Q6_K",
+    "attn_output.weight": "Q4_K",
+    "ffn_gate.weight": "Q4_K",
+    "ffn_up.weight": "Q5_K",
+    "blk.0.ffn_down.weight": "Q6_K",
+    "blk.1.ffn_down.weight": "Q8_0",
+}
+
+
+def _type_of(name: str, odd: dict[str, str]) -> str | None:
+    if name in odd:
+        return odd[name]
+    if name in MIXED_TYPES:
+        return MIXED_TYPES[name]
+    return MIXED_TYPES.get(name.split(".", 2)[-1])
+
+
+def _q2_k_blocks(rows: int, n_in: int, gen: torch.Generator) -> np.ndarray:
+    """Random Q2_K blocks (a format the kernel does not cover) with finite fp16 scales."""
+    n = rows * n_in // 256
+    blocks = torch.randint(0, 256, (n, 84), dtype=torch.uint8, generator=gen)
+    for pos in (80, 82):
+        blocks[:, pos : pos + 2] = (torch.rand(n, generator=gen) * 0.002 + 0.0005).half().view(torch.uint8).view(n, 2)
+    return blocks.reshape(rows, -1).numpy()
+
+
+def write_mixed_gguf(path: Path, arch: str = "qwen2", *, tied: bool = False, odd: dict[str, str] | None = None) -> Path:
+    """A tiny random model as a GGUF file with mixed block types (see MIXED_TYPES; `odd` overrides some)."""
+    import gguf
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    odd = odd or {}
+    gen = torch.Generator().manual_seed(11)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(MIXED_LAYERS)
+    writer.add_context_length(256)
+    writer.add_embedding_length(MIXED_HIDDEN)
+    writer.add_feed_forward_length(MIXED_INTER)
+    writer.add_head_count(MIXED_HEADS)
+    writer.add_head_count_kv(MIXED_KV_HEADS)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+    chars = list(bytes_to_unicode().values())[: MIXED_VOCAB - 2]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(["<s>", "</s>", *chars])
+    writer.add_token_types([3, 3] + [1] * len(chars))
+    writer.add_token_merges([])
+    writer.add_token_scores([0.0] * MIXED_VOCAB)
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+
+    def add(name: str, rows: int, cols: int, std: float) -> None:
+        kind = _type_of(name, odd)
+        if kind == "Q2_K":
+            writer.add_tensor(name, _q2_k_blocks(rows, cols, gen), raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+            return
+        w = torch.randn(rows, cols, generator=gen) * std
+        raw = reference.quantize(kind, w)
+        writer.add_tensor(name, raw.numpy(), raw_dtype=gguf.GGMLQuantizationType[kind])
+
+    def add_plain(name: str, values: torch.Tensor) -> None:
+        writer.add_tensor(name, values.float().numpy())
+
+    add("token_embd.weight", MIXED_VOCAB, MIXED_HIDDEN, 1.0)
+    add_plain("output_norm.weight", 1 + 0.1 * torch.randn(MIXED_HIDDEN, generator=gen))
+    if not tied:
+        add("output.weight", MIXED_VOCAB, MIXED_HIDDEN, 0.1)
+    kv = MIXED_KV_HEADS * MIXED_HEAD_DIM
+    for i in range(MIXED_LAYERS):
+        p = f"blk.{i}."
+        add_plain(p + "attn_norm.weight", 1 + 0.1 * torch.randn(MIXED_HIDDEN, generator=gen))
+        add_plain(p + "ffn_norm.weight", 1 + 0.1 * torch.randn(MIXED_HIDDEN, generator=gen))
+        add(p + "attn_q.weight", MIXED_HIDDEN, MIXED_HIDDEN, 0.08)
+        add(p + "attn_k.weight", kv, MIXED_HIDDEN, 0.08)
+        add(p + "attn_v.weight", kv, MIXED_HIDDEN, 0.08)
+        add(p + "attn_output.weight", MIXED_HIDDEN, MIXED_HIDDEN, 0.06)
+        add(p + "ffn_gate.weight", MIXED_INTER, MIXED_HIDDEN, 0.06)
+        add(p + "ffn_up.weight", MIXED_INTER, MIXED_HIDDEN, 0.06)
+        add(p + "ffn_down.weight", MIXED_HIDDEN, MIXED_INTER, 0.05)
+        if arch == "qwen2":
+            for n, size in (("q", MIXED_HIDDEN), ("k", kv), ("v", kv)):
+                add_plain(p + f"attn_{n}.bias", 0.1 * torch.randn(size, generator=gen))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

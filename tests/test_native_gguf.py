@@ -4,33 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from augury.errors import AuguryError
 from augury.kernels import extension as ext_module
-from augury.kernels import reference
 from augury.kernels.weight import GgufWeight
 from augury.models.loader import load_model
+from tests.gguf_files import MIXED_HIDDEN as HIDDEN
+from tests.gguf_files import MIXED_TYPES as TYPES
+from tests.gguf_files import MIXED_VOCAB as VOCAB
+from tests.gguf_files import write_mixed_gguf as write_gguf
 
-VOCAB = 93  # not a multiple of the kernel's 16-column tiles: the head has a tail
-HIDDEN, INTER, HEADS, KV_HEADS, LAYERS = 256, 512, 4, 2, 2
-HEAD_DIM = HIDDEN // HEADS
-
-# Block type per tensor, as a Q4_K_M file mixes them (v and some down projections in Q6_K).
-TYPES = {
-    "token_embd.weight": "Q4_K",
-    "output.weight": "Q6_K",
-    "attn_q.weight": "Q4_K",
-    "attn_k.weight": "Q4_K",
-    "attn_v.weight": "Q6_K",
-    "attn_output.weight": "Q4_K",
-    "ffn_gate.weight": "Q4_K",
-    "ffn_up.weight": "Q5_K",
-    "blk.0.ffn_down.weight": "Q6_K",
-    "blk.1.ffn_down.weight": "Q8_0",
-}
 PROMPT = [5, 17, 33, 2, 61, 40, 40, 9, 77, 12]
 
 
@@ -39,87 +24,6 @@ def _kernel_built_once():
     """Build (or find) the extension under the real home before tests point AUGURY_HOME at temporary folders."""
     if ext_module.extension() is None:
         pytest.skip("the GGUF kernel extension cannot be built here")
-
-
-def _type_of(name: str, odd: dict[str, str]) -> str | None:
-    if name in odd:
-        return odd[name]
-    if name in TYPES:
-        return TYPES[name]
-    return TYPES.get(name.split(".", 2)[-1])
-
-
-def _q2_k_blocks(rows: int, n_in: int, gen: torch.Generator) -> np.ndarray:
-    """Random Q2_K blocks (a format the kernel does not cover) with finite fp16 scales."""
-    n = rows * n_in // 256
-    blocks = torch.randint(0, 256, (n, 84), dtype=torch.uint8, generator=gen)
-    for pos in (80, 82):
-        blocks[:, pos : pos + 2] = (torch.rand(n, generator=gen) * 0.002 + 0.0005).half().view(torch.uint8).view(n, 2)
-    return blocks.reshape(rows, -1).numpy()
-
-
-def write_gguf(path: Path, arch: str = "qwen2", *, tied: bool = False, odd: dict[str, str] | None = None) -> Path:
-    """A tiny random model as a GGUF file with mixed block types (see TYPES; `odd` overrides some)."""
-    import gguf
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    odd = odd or {}
-    gen = torch.Generator().manual_seed(11)
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(LAYERS)
-    writer.add_context_length(256)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(INTER)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(10000.0)
-    chars = list(bytes_to_unicode().values())[: VOCAB - 2]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(["<s>", "</s>", *chars])
-    writer.add_token_types([3, 3] + [1] * len(chars))
-    writer.add_token_merges([])
-    writer.add_token_scores([0.0] * VOCAB)
-    writer.add_bos_token_id(0)
-    writer.add_eos_token_id(1)
-
-    def add(name: str, rows: int, cols: int, std: float) -> None:
-        kind = _type_of(name, odd)
-        if kind == "Q2_K":
-            writer.add_tensor(name, _q2_k_blocks(rows, cols, gen), raw_dtype=gguf.GGMLQuantizationType.Q2_K)
-            return
-        w = torch.randn(rows, cols, generator=gen) * std
-        raw = reference.quantize(kind, w)
-        writer.add_tensor(name, raw.numpy(), raw_dtype=gguf.GGMLQuantizationType[kind])
-
-    def add_plain(name: str, values: torch.Tensor) -> None:
-        writer.add_tensor(name, values.float().numpy())
-
-    add("token_embd.weight", VOCAB, HIDDEN, 1.0)
-    add_plain("output_norm.weight", 1 + 0.1 * torch.randn(HIDDEN, generator=gen))
-    if not tied:
-        add("output.weight", VOCAB, HIDDEN, 0.1)
-    kv = KV_HEADS * HEAD_DIM
-    for i in range(LAYERS):
-        p = f"blk.{i}."
-        add_plain(p + "attn_norm.weight", 1 + 0.1 * torch.randn(HIDDEN, generator=gen))
-        add_plain(p + "ffn_norm.weight", 1 + 0.1 * torch.randn(HIDDEN, generator=gen))
-        add(p + "attn_q.weight", HIDDEN, HIDDEN, 0.08)
-        add(p + "attn_k.weight", kv, HIDDEN, 0.08)
-        add(p + "attn_v.weight", kv, HIDDEN, 0.08)
-        add(p + "attn_output.weight", HIDDEN, HIDDEN, 0.06)
-        add(p + "ffn_gate.weight", INTER, HIDDEN, 0.06)
-        add(p + "ffn_up.weight", INTER, HIDDEN, 0.06)
-        add(p + "ffn_down.weight", HIDDEN, INTER, 0.05)
-        if arch == "qwen2":
-            for n, size in (("q", HIDDEN), ("k", kv), ("v", kv)):
-                add_plain(p + f"attn_{n}.bias", 0.1 * torch.randn(size, generator=gen))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def _load(path: Path, home: Path, monkeypatch, **kw):
