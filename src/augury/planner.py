@@ -431,12 +431,11 @@ class Planner:
         the whole sequence) costs at most PROBE_START_SHARE of the plain time of what the request may
         still generate, or PROBE_START_STEPS plain steps, whichever is more, at the measured rates.
 
-        A probe measures one step; on a long prompt, starting a model drafter for it cost more than
-        the probe could win back (the model drafter lost most on RAG and summarization, whose prompts
-        are the longest: docs/benchmarks.md 7). Shorter prompts keep their probes: without them a
-        planner whose first drafts were poor would never measure the drafter again (a hybrid's first
-        matcher drafts, 2026-12-02). The plan itself still starts a drafter where the catch-up,
-        spread over the steps left, pays (`plan_step`'s `behind`).
+        A probe measures one step; on a long prompt, starting a model drafter for it costs more than
+        the probe can win back. Shorter prompts keep their probes: without them a planner whose first
+        drafts were poor would never measure the drafter again (docs/benchmarks.md 9b). The plan
+        itself still starts a drafter where the catch-up, spread over the steps left, pays
+        (`plan_step`'s `behind`).
         """
         step = self.costs.target_time(1, 1)
         allowed = max(self.PROBE_START_STEPS * step, self.PROBE_START_SHARE * step * (request.draft_cap() + 1))

@@ -208,7 +208,7 @@ def quantize_decoder(decoder: Decoder, fused: bool | None = None, fmt: str = "in
 def requantize_decoder(decoder: Decoder, kind: str) -> Decoder:
     """A copy of a GGUF decoder whose matmul weights wider than `kind` are re-quantized to it (the others,
     norms and embeddings shared): a drafter that reads fewer bytes per step, its guesses checked by the
-    target. A 0.5B Qwen GGUF keeps its output head in Q8_0, over a third of what a step reads."""
+    target (a small GGUF often keeps its output head in Q8_0: docs/benchmarks.md 9c)."""
     from augury.kernels.reference import bits
     from augury.kernels.weight import GgufWeight
 

@@ -1,19 +1,18 @@
 """A drafter's head on fewer token ids: the ids most frequent in a corpus that every machine has.
 
-A 0.5B Qwen's output matrix is over a third of the bytes one drafter step
-reads (151,936 rows in Q8_0); keeping 32k of them cuts a step by about a
-third. Which ids: those counted most often in the Python standard library's
+A small drafter's output matrix is a large share of the bytes one of its
+steps reads (docs/benchmarks.md 9c), so keeping fewer rows makes every drafted
+token cheaper. Which ids: those counted most often in the Python standard library's
 sources and documentation topics (train/stdlib_corpus.py, PSF licence: no
 download, and never the evaluation sets), tokenized by the target's tokenizer,
 then the ids the corpus never showed, by id (BPE ids follow merge order,
 roughly the frequency in the tokenizer's own training text), with every
 special token (end of turn included) kept.
 
-Measured (docs/benchmarks.md 9c): on Spec-Bench and coding prompts the first
-32768 ids (`--draft-vocab-order id`, the default) accepted as well as the
-32768 most frequent in the corpus, and cost less per drafted token: a prefix
-of the head keeps logits of its own width, where other ids are scattered back
-into the whole vocabulary for sampling (about 2 ms a token for a 152k one).
+Why `id` is the default order (measured in docs/benchmarks.md 9c): the first
+N ids accepted as well as the N most frequent in the corpus, and a prefix of
+the head keeps logits of its own width, where other ids are scattered back
+into the whole vocabulary for sampling, which costs time per drafted token.
 
 Verification stays exact: the drafter's logits are -inf outside the kept ids,
 so q_draft is zero there and sums to one over them, and the target's
