@@ -349,3 +349,19 @@ def test_an_unreachable_endpoint_is_one_line_before_any_server_starts(capsys):
     assert main(["loadtest", "--endpoint", f"http://127.0.0.1:{port}", "--endpoint-only"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("augury: error:") and "\n" not in err
+
+
+def test_the_prefix_cache_size_reaches_both_servers_and_a_bad_one_is_one_line(capsys):
+    import argparse
+
+    from augury.commands import loadtest
+
+    parser = argparse.ArgumentParser()
+    loadtest.register(parser.add_subparsers())
+    args = parser.parse_args(["loadtest", "--prefix-cache-gb", "0"])
+    argv = loadtest._serve_args(args, max_batch=4)
+    assert argv[argv.index("--prefix-cache-gb") + 1] == "0"
+    assert "--prefix-cache-gb" not in loadtest._serve_args(parser.parse_args(["loadtest"]), max_batch=4)
+    assert main(["loadtest", "--prefix-cache-gb", "lots"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("augury: error: --prefix-cache-gb") and "\n" not in err

@@ -36,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="sequences each server decodes together (default: the highest concurrency)")
     g.add_argument("--seq-tokens", type=int, default=2048,
                    help="KV slots per sequence, prompt + output (default 2048; sets serve's --kv-budget-tokens)")
+    g.add_argument("--prefix-cache-gb", default=None,
+                   help="each augury server's prefix cache (serve's --prefix-cache-gb; 0 disables it; default serve's)")
     g.add_argument("--port", type=int, default=0,
                    help="spec off on PORT, spec on on PORT+1 (default 0: free ephemeral ports)")
     g.add_argument("--startup-timeout", type=float, default=600.0,
@@ -90,6 +92,10 @@ def _check_args(args: argparse.Namespace) -> list[int]:
         raise AuguryError(f"--port must be between 1 and 65534 (or 0 for ephemeral ports), got {args.port}")
     if args.startup_timeout <= 0:
         raise AuguryError(f"--startup-timeout must be positive, got {args.startup_timeout}")
+    if args.prefix_cache_gb is not None:  # a bad size is one line here, not two servers failing to start
+        from augury.commands.serve import prefix_cache_bytes
+
+        prefix_cache_bytes(args.prefix_cache_gb)
     if args.endpoint is None:
         for flag in ("endpoint_pid", "endpoint_api_key", "endpoint_model"):
             if getattr(args, flag) is not None:
@@ -111,6 +117,8 @@ def _serve_args(args: argparse.Namespace, max_batch: int) -> list[str]:
             "--max-tokens-limit", str(args.max_tokens)]
     if args.draft is not None:
         argv += ["--draft", args.draft]
+    if args.prefix_cache_gb is not None:
+        argv += ["--prefix-cache-gb", str(args.prefix_cache_gb)]
     if args.offline:
         argv.append("--offline")
     if not args.exact:
