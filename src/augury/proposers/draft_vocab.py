@@ -1,4 +1,4 @@
-"""A drafter's head on fewer token ids: the ids most frequent in a corpus that every machine has.
+"""A drafter's head on fewer token ids: the first N, or the N most frequent in a corpus every machine has.
 
 A small drafter's output matrix is a large share of the bytes one of its
 steps reads (docs/benchmarks.md 9c), so keeping fewer rows makes every drafted
@@ -68,11 +68,9 @@ def ranked_ids(tokenizer: Tokenizer, vocab_size: int, n: int, order: str = "corp
 
 def head_vocab(draft: Model, n: int, order: str) -> int | Tensor:
     """What a drafter's head keeps for --draft-vocab N: 0 (all), N (the first N ids, sharing the head's
-    storage) or the ascending ids ranked by the corpus."""
+    storage; a negative N is refused by DraftModelProposer) or the ascending ids ranked by the corpus."""
     if order not in ORDERS:
         raise AuguryError(f"unknown draft vocabulary order '{order}' (choose from {', '.join(ORDERS)})")
-    if n < 0:
-        raise AuguryError(f"draft vocabulary limit must be >= 0 (0 = full), got {n}")
-    if n == 0 or n >= draft.config.vocab_size or order == "id":
+    if n <= 0 or n >= draft.config.vocab_size or order == "id":
         return n
     return ranked_ids(draft.tokenizer, draft.config.vocab_size, n, order)
