@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <numeric>
 #include <vector>
 
 // Block formats, numbered as augury/kernels/packing.py numbers them.
@@ -52,22 +51,18 @@ constexpr int max_quant(int kind) {
 // running total of their bytes, so that every call can hand threads equal shares of the bytes.
 struct MatDesc {
   struct Tile { int kind; const uint8_t* base; int64_t col, n_cols; };
-  std::vector<const uint8_t*> data;
-  std::vector<int64_t> kinds, rows;
-  int64_t n_in = 0, n_out = 0;  // n_in is set before the first part is added
+  int64_t n_in = 0;   // set before the first part is added
+  int64_t n_out = 0;  // output rows of the parts added so far
   std::vector<Tile> tiles;
   std::vector<int64_t> cost_end;  // bytes of tiles [0, i]
   void add(const uint8_t* d, int64_t kind, int64_t r) {
     const Layout L = layout(static_cast<int>(kind));
     const int64_t tile_bytes = n_in / L.group_k * L.group_bytes;
-    const int64_t col0 = std::accumulate(rows.begin(), rows.end(), int64_t{0});
     for (int64_t t = 0; t < (r + 15) / 16; ++t) {
-      tiles.push_back({static_cast<int>(kind), d + t * tile_bytes, col0 + 16 * t, std::min<int64_t>(16, r - 16 * t)});
+      tiles.push_back({static_cast<int>(kind), d + t * tile_bytes, n_out + 16 * t, std::min<int64_t>(16, r - 16 * t)});
       cost_end.push_back((cost_end.empty() ? 0 : cost_end.back()) + tile_bytes);
     }
-    data.push_back(d);
-    kinds.push_back(kind);
-    rows.push_back(r);
+    n_out += r;
   }
 };
 

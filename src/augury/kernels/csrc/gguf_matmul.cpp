@@ -103,7 +103,6 @@ torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& p
   const float* bp = bias.has_value() ? b32.data_ptr<float>() : nullptr;
   MatDesc m;
   m.n_in = n_in;
-  m.n_out = out;
   for (size_t p = 0; p < packed.size(); ++p) m.add(packed[p].data_ptr<uint8_t>(), kinds[p], rows[p]);
   const IsaFns& fns = isa_fns(isa);
   fns.matmul(x32.data_ptr<float>(), x.size(0), m, bp, y.data_ptr(), y.scalar_type() == torch::kBFloat16, out);
@@ -260,7 +259,6 @@ class NativeLayer {
     TORCH_CHECK(total_rows(m) == n_out, name, " has ", total_rows(m), " output rows, expected ", n_out);
     MatDesc d;
     d.n_in = n_in;
-    d.n_out = n_out;
     for (size_t p = 0; p < parts.size(); ++p) {
       TORCH_CHECK(kinds[p] >= 0 && kinds[p] < kNumKinds, name, ": unknown block kind ", kinds[p]);
       const Layout Lk = layout(static_cast<int>(kinds[p]));
