@@ -195,14 +195,7 @@ def quantize_decoder(decoder: Decoder, fused: bool | None = None, fmt: str = "in
             return Int4Weight(weight)
         return Int8Weight(weight, fused=fused)
 
-    w = decoder.weights
-    layers = [
-        dataclasses.replace(layer, **{name: make(getattr(layer, name)) for name in LINEAR_FIELDS})
-        for layer in w.layers
-    ]
-    weights = Weights(embed=w.embed, final_norm=w.final_norm, lm_head=make(w.lm_head), layers=layers)
-    # A drafter needs no batch invariance (the target verifies), so no row padding.
-    return Decoder(decoder.config, weights, exact=False)
+    return _drafter_copy(decoder, make)
 
 
 def requantize_decoder(decoder: Decoder, kind: str) -> Decoder:
@@ -217,11 +210,16 @@ def requantize_decoder(decoder: Decoder, kind: str) -> Decoder:
             return weight.requantized(kind)
         return weight
 
+    return _drafter_copy(decoder, make)
+
+
+def _drafter_copy(decoder: Decoder, make) -> Decoder:
+    """The decoder with `make` applied to its four matmul weights per layer and lm_head, the rest shared.
+    A drafter needs no batch invariance (the target verifies), so no row padding."""
     w = decoder.weights
     layers = [
         dataclasses.replace(layer, **{name: make(getattr(layer, name)) for name in LINEAR_FIELDS})
         for layer in w.layers
     ]
-    lm_head = w.lm_head if w.lm_head is w.embed else make(w.lm_head)
-    weights = Weights(embed=w.embed, final_norm=w.final_norm, lm_head=lm_head, layers=layers)
+    weights = Weights(embed=w.embed, final_norm=w.final_norm, lm_head=make(w.lm_head), layers=layers)
     return Decoder(decoder.config, weights, exact=False)
