@@ -8,19 +8,15 @@ own RoPE base, a scaled embedding, a tied head), built in memory.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from augury.errors import AuguryError
 from augury.kernels import extension as ext_module
-from augury.kernels import reference
 from augury.kernels.weight import GgufWeight
-from augury.models.decoder import Decoder, LayerWeights, ModelConfig, Weights
+from augury.models.decoder import Decoder
+from tests.native_tiny import ARCHS, VOCAB, quant_blocks, native_config, native_weights
 
-HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, LAYERS, VOCAB = 256, 512, 4, 2, 64, 2, 77
-ARCHS = ("qwen2", "llama", "gemma3")
 # What the native layer may differ from the torch layer by, as a fraction of the largest logit.
 # Most rows differ by fp32 rounding (sums in another order, the softmax's polynomial exp): under
 # TYPICAL. But where the two paths' fp32 inputs to a matmul straddle a rounding boundary of the
@@ -35,63 +31,9 @@ def _kernel():
         pytest.skip("the GGUF kernel extension cannot be built here")
 
 
-def _config(arch: str) -> ModelConfig:
-    switches = {}
-    if arch == "qwen2":
-        switches = {"qkv_bias": True}
-    if arch == "gemma3":
-        switches = {
-            "qk_norm": True, "post_norms": True, "embed_scale": math.sqrt(HIDDEN), "activation": "gelu_tanh",
-            "tie_embeddings": True, "sliding_window": 9, "sliding_pattern": 2, "rope_theta_local": 1000.0,
-            "query_scale": 0.1,
-        }
-    return ModelConfig(
-        arch=arch, vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_layers=LAYERS,
-        num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, context_length=512, **switches,
-    )
-
-
-def _blocks(kind: str, rows: int, cols: int, std: float, gen: torch.Generator) -> tuple[str, torch.Tensor]:
-    return kind, reference.quantize(kind, torch.randn(rows, cols, generator=gen) * std)
-
-
-def tiny_weights(arch: str, dtype: torch.dtype, seed: int = 0) -> Weights:
-    """Random GGUF-block weights for `_config(arch)`: mixed block types as a Q4_K_M file has them."""
-    c = _config(arch)
-    gen = torch.Generator().manual_seed(seed)
-    kv = KV_HEADS * HEAD_DIM
-
-    def norm(n: int) -> torch.Tensor:
-        return (1 + 0.1 * torch.randn(n, generator=gen)).float()
-
-    layers = []
-    for i in range(LAYERS):
-        qkv = [_blocks("Q4_K", HIDDEN, HIDDEN, 0.08, gen), _blocks("Q4_K", kv, HIDDEN, 0.08, gen),
-               _blocks("Q6_K", kv, HIDDEN, 0.08, gen)]
-        down_kind = "Q6_K" if i == 0 else "Q8_0"
-        layers.append(LayerWeights(
-            attn_norm=norm(HIDDEN), mlp_norm=norm(HIDDEN),
-            wqkv=GgufWeight(qkv, dtype=dtype),
-            wo=GgufWeight([_blocks("Q4_K", HIDDEN, HIDDEN, 0.06, gen)], dtype=dtype),
-            w_gate_up=GgufWeight([_blocks("Q4_K", INTER, HIDDEN, 0.06, gen), _blocks("Q5_K", INTER, HIDDEN, 0.06, gen)],
-                                 dtype=dtype),
-            w_down=GgufWeight([_blocks(down_kind, HIDDEN, INTER, 0.05, gen)], dtype=dtype),
-            bqkv=(0.1 * torch.randn(HIDDEN + 2 * kv, generator=gen)).to(dtype) if c.qkv_bias else None,
-            q_norm=norm(HEAD_DIM) if c.qk_norm else None,
-            k_norm=norm(HEAD_DIM) if c.qk_norm else None,
-            post_attn_norm=norm(HIDDEN) if c.post_norms else None,
-            post_mlp_norm=norm(HIDDEN) if c.post_norms else None,
-        ))
-    embed_blocks = GgufWeight([_blocks("Q8_0", VOCAB, HIDDEN, 1.0 / math.sqrt(HIDDEN) if c.embed_scale != 1 else 1.0,
-                                       gen)], dtype=dtype)
-    embed = embed_blocks.dense().to(dtype)
-    head = embed_blocks if c.tie_embeddings else GgufWeight([_blocks("Q6_K", VOCAB, HIDDEN, 0.1, gen)], dtype=dtype)
-    return Weights(embed=embed, final_norm=norm(HIDDEN), lm_head=head, layers=layers)
-
-
 def _pair(arch: str, dtype: torch.dtype = torch.float32) -> tuple[Decoder, Decoder]:
-    weights = tiny_weights(arch, dtype)
-    config = _config(arch)
+    weights = native_weights(arch, dtype)
+    config = native_config(arch)
     native = Decoder(config, weights)
     torch_layer = Decoder(config, weights, native=False)
     assert native.native is not None and torch_layer.native is None
@@ -198,7 +140,7 @@ def test_every_instruction_set_gives_the_native_layer_the_same_bits(monkeypatch)
     for isa in runs:
         monkeypatch.setenv("AUGURY_ISA", isa)
         ext_module.kernel_isa.cache_clear()
-        decoder = Decoder(_config("gemma3"), tiny_weights("gemma3", torch.bfloat16))
+        decoder = Decoder(native_config("gemma3"), native_weights("gemma3", torch.bfloat16))
         assert decoder.native.isa == isa
         cache = decoder.new_cache(1, 256)
         decoder.forward(_tokens(17, 7), cache)
@@ -213,18 +155,18 @@ def test_every_instruction_set_gives_the_native_layer_the_same_bits(monkeypatch)
 
 
 def test_weights_without_the_kernel_keep_the_torch_layer():
-    weights = tiny_weights("llama", torch.float32)
+    weights = native_weights("llama", torch.float32)
     for layer in weights.layers:
         layer.wo = layer.wo.dense()  # one plain matmul weight: the layer is not all blocks
-    assert Decoder(_config("llama"), weights).native is None
+    assert Decoder(native_config("llama"), weights).native is None
 
 
 def test_a_head_size_the_native_layer_does_not_take_keeps_the_torch_layer():
     """Head sizes outside 16..256 in steps of 16 run on the torch layer instead of failing in C++."""
     from augury.models.native_layers import NativeStack
 
-    config = _config("llama")
-    weights = tiny_weights("llama", torch.float32)
+    config = native_config("llama")
+    weights = native_weights("llama", torch.float32)
     assert NativeStack.build(config, weights, 0.125) is not None
     from dataclasses import replace
 
@@ -235,7 +177,7 @@ def test_augury_isa_forces_a_path_and_refuses_bad_values(monkeypatch, capfd):
     try:
         monkeypatch.setenv("AUGURY_ISA", "portable")
         ext_module.kernel_isa.cache_clear()
-        assert GgufWeight([_blocks("Q4_0", 16, 64, 0.1, torch.Generator())]).isa == "portable"
+        assert GgufWeight([quant_blocks("Q4_0", 16, 64, 0.1, torch.Generator())]).isa == "portable"
         monkeypatch.setenv("AUGURY_ISA", "sse9")
         ext_module.kernel_isa.cache_clear()
         with pytest.raises(AuguryError, match="AUGURY_ISA='sse9' is not a kernel path"):

@@ -228,7 +228,8 @@ def run_scheduler(scheduler, jobs: list[tuple[list[int], object]], timeout: floa
 
 class DecoderHook:
     """Wraps a decoder so that a test acts ahead of every forward: `before(tokens)` runs first, whether
-    the caller asks for logits (`forward`) or logits and states (`forward_states`, the step's call)."""
+    the caller asks for logits (`forward`) or logits and states (`forward_states`, the step's call);
+    `before_rows(blocks)` ahead of a ragged forward (`forward_rows`, the step's call on the native layer)."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
@@ -243,6 +244,13 @@ class DecoderHook:
     def forward_states(self, tokens, *args, **kwargs):
         self.before(tokens)
         return self.inner.forward_states(tokens, *args, **kwargs)
+
+    def before_rows(self, blocks: list[list[int]]) -> None:
+        """blocks: each sequence's rows of a ragged forward (the native layer's step), about to run."""
+
+    def forward_rows(self, blocks, *args, **kwargs):
+        self.before_rows(blocks)
+        return self.inner.forward_rows(blocks, *args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

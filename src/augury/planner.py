@@ -105,6 +105,7 @@ class StepCosts:
 
     def __init__(self) -> None:
         self.target = ShapeCosts()
+        self.rows = ShapeCosts()  # a target forward by its activation rows alone (ragged blocks, prompt pieces)
         self.draft = ShapeCosts()
         self.catch_up_per_token = 0.0  # drafter seconds per token it must catch up on (its prefill rate)
 
@@ -113,6 +114,12 @@ class StepCosts:
 
     def target_time(self, rows: int, block: int) -> float:
         return self.target.time((rows, block), rows * block)
+
+    def observe_rows(self, rows: int, seconds: float) -> None:
+        self.rows.observe(rows, rows, seconds)
+
+    def rows_time(self, rows: int) -> float:
+        return self.rows.time(rows, rows)
 
     def observe_draft(self, rows: int, rounds: int, seconds: float) -> None:
         """`rounds` drafting rounds over `rows` sequences each took `seconds` in all."""
@@ -301,6 +308,10 @@ class Planner:
     # time left, whichever is more (see _start_is_cheap).
     PROBE_START_STEPS = 4
     PROBE_START_SHARE = 0.1
+    # A step that feeds prompt pieces may take this many times the decode rows' own forward
+    # (prompt_budget), and feeds this many prompt tokens before any forward was measured.
+    PROMPT_STRETCH = 2.0
+    UNMEASURED_PIECE = 16
 
     def __init__(
         self,
@@ -319,6 +330,7 @@ class Planner:
         self.tally = DraftTally(k_max)
         self.costs = StepCosts()
         for tokens, ms in sorted((curve or {}).items()):
+            self.costs.observe_rows(tokens, ms / 1000.0)
             if tokens <= k_max + 1:
                 self.costs.observe_target(1, tokens, ms / 1000.0)
         self.drafted = 0  # server-wide drafted and accepted tokens
@@ -344,7 +356,27 @@ class Planner:
         for result in report.results:
             if result is not None:
                 self.record_verified(result.num_drafted, result.num_accepted)
-        self.costs.observe_target(len(report.results), report.width, report.seconds)
+        if report.rows:
+            self.costs.observe_rows(report.rows, report.forward_s)
+        if not report.prompt_rows:  # a step that fed prompt pieces says nothing of a decode step's cost
+            self.costs.observe_target(len(report.results), report.width, report.seconds)
+
+    def prompt_budget(self, decode_rows: int, limit: int) -> int:
+        """Prompt tokens the next step may feed beside `decode_rows` decode rows (at most `limit`).
+
+        Pieces ride in the decode rows' forward, so the running streams wait for
+        them: the budget keeps that forward within PROMPT_STRETCH times the
+        decode rows' own, by the measured cost of a forward against its rows
+        (t = a + b * rows, from the profile's curve and every step since).
+        With nothing decoding nobody waits, and a prompt takes `limit` a step.
+        """
+        if decode_rows == 0:
+            return limit
+        _, per_row = self.costs.rows.line()
+        if per_row <= 0.0:
+            return min(limit, self.UNMEASURED_PIECE)
+        extra = (self.PROMPT_STRETCH - 1.0) * self.costs.rows_time(decode_rows) / per_row
+        return max(1, min(limit, int(extra)))
 
     def expected_gain(self, requests: list[Request], k: int | None = None) -> float:
         """Predicted tokens per second drafting k (default the current plan's) over plain decoding's, from the

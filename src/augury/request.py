@@ -80,6 +80,13 @@ class Request:
         self.drafted_at_length = 0  # len(seq.tokens) when the proposer last drafted (how far behind it may be)
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self.stop_after = 0  # characters of text a stop string must end past (min_tokens)
+        # A prompt prefilled in pieces inside the steps (scheduler.py): how many of its tokens the
+        # target cache holds (None once the first token is committed, or for a prompt prefilled
+        # whole), the piece the next step feeds, and the pieces' target states for a proposer
+        # that reads the prompt's.
+        self.prompt_cached: int | None = None
+        self.piece = 0
+        self.prompt_states: list[Tensor] = []
 
     def draft_cap(self) -> int:
         """The most tokens this sequence may draft now (0 without a proposer): room before max_tokens."""
@@ -104,12 +111,34 @@ class Request:
         self.stats.draft_forwards += self.proposer.forwards - forwards
         self.started = True
 
+    @property
+    def prefilling(self) -> bool:
+        """Whether the prompt is still being prefilled in pieces (no token committed yet)."""
+        return self.prompt_cached is not None
+
+    def begin_prefill(self, cached: int) -> None:
+        """Prefill the prompt in pieces from here; the target cache holds its first `cached` tokens."""
+        if not 0 <= cached < len(self.seq.tokens) or self.seq.output:
+            raise ValueError(f"cannot prefill from token {cached} of a {len(self.seq.tokens)}-token sequence")
+        self.prompt_cached = cached
+        self.piece = 0
+
+    def prompt_left(self) -> int:
+        """Prompt tokens not yet in the target cache (0 once prefilled)."""
+        return 0 if self.prompt_cached is None else len(self.seq.tokens) - self.prompt_cached
+
     def block(self) -> list[int]:
-        """What the target reads this step: the last committed token, then the draft."""
+        """What the target reads this step: the last committed token, then the draft; while the prompt is
+        prefilled in pieces, its next `piece` tokens (none when this step gave it no piece)."""
+        if self.prompt_cached is not None:
+            return self.seq.tokens[self.prompt_cached : self.prompt_cached + self.piece]
         return [self.seq.tokens[-1], *self.draft.tokens]
 
     def cache_length(self) -> int:
-        """How many of the sequence's tokens the target cache should hold: all but the last."""
+        """How many of the sequence's tokens the target cache should hold: all but the last (while
+        the prompt is prefilled in pieces: the prompt tokens fed so far)."""
+        if self.prompt_cached is not None:
+            return self.prompt_cached
         return len(self.seq.tokens) - 1
 
     def commit(self, tokens: list[int], logits: Tensor | None = None) -> list[str]:

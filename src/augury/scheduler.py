@@ -43,6 +43,7 @@ from augury.metrics import SpecStats
 from augury.models.loader import Model
 from augury.planner import Planner, load_dependent
 from augury.prefix_cache import DEFAULT_BLOCK, PrefixCache, kv_bytes_per_token
+from augury.cache import KVCache
 from augury.proposers.base import Proposer, batches
 from augury.request import GenerationResult, Request, TokenLogprob
 from augury.sampling import SamplingParams
@@ -102,6 +103,10 @@ class SchedulerConfig:
     probe_every: int = 16
     prefix_cache_bytes: int = 0  # K/V rows of earlier sequences kept for reuse, target and drafter together; 0: none
     prefix_block: int = DEFAULT_BLOCK  # tokens per prefix cache block
+    # Prompt tokens a step may feed beside the running streams' decode rows. None: the planner's budget
+    # from measured costs (Planner.prompt_budget); 0: every prompt prefilled whole, alone, at admission
+    # (also where the decoder has no ragged rows, Decoder.ragged).
+    prefill_chunk: int | None = None
 
     def seq_capacity(self, context_length: int) -> int:
         """Tokens (prompt + output) one sequence may hold: its row of the pool."""
@@ -147,6 +152,7 @@ class SchedulerStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     prefill_s: float = 0.0
+    prompts_in_pieces: int = 0  # prompts prefilled in pieces inside the steps
     last_k: int = 0
 
     @property
@@ -196,6 +202,12 @@ class Scheduler:
             k_max, batched=proposer is not None and batches(proposer),
             adaptive=config.adaptive_k, probe_every=config.probe_every, curve=_cost_curve(target),
         )
+        if config.prefill_chunk is not None and (not isinstance(config.prefill_chunk, int) or config.prefill_chunk < 0):
+            raise AuguryError(f"prefill chunk must be a whole number of tokens >= 0, got {config.prefill_chunk}")
+        self.chunked = config.prefill_chunk != 0 and target.decoder.ragged
+        # A prompt's piece with nothing else in the step: the decoder's row-attention limit (the
+        # rows it computes row by row, the native layer's) unless a fixed chunk was asked for.
+        self.piece_limit = config.prefill_chunk or target.decoder.row_attention_limit
         self.capacity = config.seq_capacity(target.config.context_length)
         if self.capacity < 16:
             raise AuguryError(
@@ -305,6 +317,12 @@ class Scheduler:
     def running(self) -> int:
         return len(self._running)
 
+    @property
+    def prefilling(self) -> int:
+        """Running requests whose prompt is still being fed in pieces."""
+        requests = [t.request for t in list(self._running)]  # read once: the engine thread may clear one
+        return sum(1 for r in requests if r is not None and r.prefilling)
+
     # -- the engine thread ----------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -347,6 +365,13 @@ class Scheduler:
             cached = 0
             if self.prefix is not None:
                 cached = self.prefix.take(request.seq.tokens, len(request.seq.tokens) - 1, view)
+            if self.chunked:
+                # The prompt enters in pieces inside the coming steps (_give_pieces), beside the running
+                # streams' decode rows; _prompt_done finishes what the lines below do for a whole prompt.
+                view.truncate([cached])
+                request.begin_prefill(cached)
+                self.stats.prompt_tokens += len(ticket.prompt_ids)
+                return
             deltas = prefill(self.target, request, view, cached)
         except AuguryError as exc:
             self._release(ticket, Failed("invalid", str(exc)))
@@ -357,10 +382,15 @@ class Scheduler:
             return
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.prompt_tokens += len(ticket.prompt_ids)
+        self._prompt_done(ticket, view, deltas)
+
+    def _prompt_done(self, ticket: Ticket, view: KVCache, deltas: list[str]) -> None:
+        """A prompt is in its row and the first token committed: keep its rows for later prompts, send the
+        first text, end the request if that token ended it."""
         if self.prefix is not None and not ticket.cancelled:
-            self.prefix.store(request.seq.prompt, view, owner=request.seq.id)
+            self.prefix.store(ticket.request.seq.prompt, view, owner=ticket.request.seq.id)
         self._emit_deltas(ticket, deltas)
-        if request.done:
+        if ticket.request.done:
             self._release(ticket)
 
     def _drop_cancelled(self) -> None:
@@ -368,15 +398,19 @@ class Scheduler:
             self._release(ticket, cancelled=True)
 
     def _step(self) -> None:
-        """One batched draft-verify-commit step over every running sequence."""
-        ks = self.planner.plan([t.request for t in self._running])
+        """One batched draft-verify-commit step over every running sequence, with pieces of the prompts
+        being prefilled in the same forward."""
+        decoding = [t for t in self._running if not t.request.prefilling]
         t0 = time.perf_counter()
-        self._draft(ks)
+        if decoding:
+            self._draft(decoding, self.planner.plan([t.request for t in decoding]))
         if not self._running:
             return
         draft_s = time.perf_counter() - t0
         running = list(self._running)
         requests = [t.request for t in running]
+        self._give_pieces([r for r in requests if r.prefilling],
+                          sum(len(r.block()) for r in requests if not r.prefilling))
         try:
             report = step(self.target, requests, self.pool.rows(0, len(running)))
         except Exception:
@@ -384,11 +418,15 @@ class Scheduler:
             for ticket in running:
                 self._release(ticket, Failed("internal", "internal error in the target forward"))
             return
-        finished = []
+        finished, prompted = [], []
         for b, (ticket, result) in enumerate(zip(running, report.results)):
             if b in report.failures:
                 log.error("verification failed for request %d", ticket.id, exc_info=report.failures[b])
                 finished.append((ticket, Failed("internal", "internal error while verifying")))
+                continue
+            if result is None:  # a prompt piece; the last one committed the first token
+                if not ticket.request.prefilling:
+                    prompted.append((ticket, b))
                 continue
             self.stats.decode.record_step(result.num_drafted, result.num_accepted)
             self._emit_deltas(ticket, report.deltas[b])
@@ -397,12 +435,43 @@ class Scheduler:
         self.planner.observe_step(report)
         self.stats.steps += 1
         self.stats.draft_s += draft_s
-        self.stats.verify_s += report.seconds
-        self.stats.last_k = report.width - 1
+        share = report.prompt_rows / max(report.rows, 1)
+        self.stats.prefill_s += report.seconds * share
+        self.stats.verify_s += report.seconds * (1 - share)
+        if report.width:
+            self.stats.last_k = report.width - 1
+        for ticket, b in prompted:  # before any release moves rows
+            self.stats.prompts_in_pieces += 1
+            if self.prefix is not None and not ticket.cancelled:
+                self.prefix.store(ticket.request.seq.prompt, self.pool.rows(b, b + 1), owner=ticket.request.seq.id)
+            self._emit_deltas(ticket, report.deltas[b])
+            if ticket.request.done:
+                finished.append((ticket, None))
         for ticket, failure in finished:
             self._release(ticket, failure)
 
-    def _draft(self, ks: list[int]) -> None:
+    def _give_pieces(self, prefilling: list[Request], decode_rows: int) -> None:
+        """How many prompt tokens each prompt being prefilled feeds this step (`Request.piece`).
+
+        The step's budget (fixed, or the planner's from measured costs) goes to
+        the shortest prompts first, so a short request is not held behind a
+        long one; the prompt waiting longest always gets a quarter of it, so a
+        stream of short prompts cannot starve a long one either.
+        """
+        if not prefilling:
+            return
+        budget = self.config.prefill_chunk or self.planner.prompt_budget(decode_rows, self.piece_limit)
+        for request in prefilling:
+            request.piece = 0
+        oldest = min(prefilling, key=lambda r: r.seq.id)  # sequences are numbered as they are made
+        oldest.piece = min(oldest.prompt_left(), max(1, budget // 4))
+        budget -= oldest.piece
+        for request in sorted(prefilling, key=Request.prompt_left):
+            more = min(request.prompt_left() - request.piece, budget)
+            request.piece += more
+            budget -= more
+
+    def _draft(self, tickets: list[Ticket], ks: list[int]) -> None:
         """Draft for every running sequence that drafts this step (each draft lands on its request).
 
         Sequences draft together in one batch where the proposer batches;
@@ -410,7 +479,7 @@ class Scheduler:
         never depends on which other requests shared the drafter's forward
         (coupled ones cannot depend on it).
         """
-        drafting = [(t, k) for t, k in zip(self._running, ks) if min(k, t.request.draft_cap()) > 0]
+        drafting = [(t, k) for t, k in zip(tickets, ks) if min(k, t.request.draft_cap()) > 0]
         if not drafting:
             return
         seeded = [(t, k) for t, k in drafting if load_dependent(t.request.params)]

@@ -83,14 +83,20 @@ def prefill(target: Model, request: Request, cache: KVCache, cached: int = 0) ->
     logits, hidden = decoder.forward_states(tokens, cache, logits_rows=slice(-1, None),
                                             states=layers if wants_hidden else None)
     request.stats.target_forwards += 1
-    seq = request.seq
-    probs = probabilities(logits[0, -1:], request.params, seq.prompt, seq.output)
-    token = draw(probs[0], seq, position=0)
-    deltas = request.commit([token], logits[0, -1:])
     request.stats.prefill_s = time.perf_counter() - t0
+    return _first_token(request, logits[0, -1:], hidden[0] if hidden is not None else None)
+
+
+def _first_token(request: Request, last: Tensor, prompt_hidden: Tensor | None) -> list[str]:
+    """Commit the token drawn from the prompt's last row (logits [1, V]) and start an eager proposer
+    with the prompt's states ([prompt length, H'], for those that read them); returns text deltas."""
+    seq = request.seq
+    probs = probabilities(last, request.params, seq.prompt, seq.output)
+    token = draw(probs[0], seq, position=0)
+    deltas = request.commit([token], last)
     if starts_eagerly(request.proposer) and not request.done:
         t1 = time.perf_counter()
-        request.start(hidden[0] if hidden is not None else None)
+        request.start(prompt_hidden)
         request.stats.draft_s += time.perf_counter() - t1
     return deltas
 
@@ -144,40 +150,59 @@ def draft(proposer: Proposer, requests: list[Request], ks: list[int]) -> DraftRo
 
 @dataclass
 class StepReport:
-    """What one step did: a result per request (None where it failed), and its timing."""
+    """What one step did: a result per request (None where it failed or fed a prompt piece), and its timing."""
 
     results: list[VerifyResult | None]
     deltas: list[list[str]]
     failures: dict[int, Exception]  # request index -> what went wrong verifying or feeding it back
-    width: int  # block length every row was padded to
+    width: int  # the longest decode block (every decode row's block is padded to it unless ragged)
     forward_s: float  # the target forward
     seconds: float  # forward, verification and the proposers' feedback
+    rows: int = 0  # activation rows the forward computed (padding included)
+    prompt_rows: int = 0  # of them, rows of prompts prefilled in pieces
 
 
 def step(target: Model, requests: list[Request], cache: KVCache) -> StepReport:
     """One target forward over every request's block, then verify, commit, roll back and feed back.
 
     cache: row b holds requests[b]'s cached tokens (`cache_length()` of them).
-    A failure while verifying one request is reported for that request alone;
-    a failure of the forward itself raises.
+    A request still prefilling its prompt in pieces (`Request.begin_prefill`)
+    feeds its next piece in the same forward (the decoder's ragged rows: no
+    decode block is padded to a piece's length); the piece that ends the
+    prompt commits the first token, as `prefill` does. A failure while
+    verifying one request is reported for that request alone; a failure of
+    the forward itself raises.
     """
     t0 = time.perf_counter()
     decoder = target.decoder
     blocks = [r.block() for r in requests]
-    width = max(len(b) for b in blocks)
-    # Pad every block to the longest with its own last token: the padding rows
-    # come after the real ones (causal: nobody real sees them) and are rolled
-    # back below with the rejected drafts.
-    rows = [b + [b[-1]] * (width - len(b)) for b in blocks]
+    decode_blocks = [b for r, b in zip(requests, blocks) if not r.prefilling]
+    width = max((len(b) for b in decode_blocks), default=0)
+    prompt_rows = sum(len(b) for r, b in zip(requests, blocks) if r.prefilling)
     hidden_layers: tuple[int, ...] = ()
     wants_hidden = False
     for r in requests:
-        if r.started:
+        if r.started or r.prefilling:
             wanted, layers = _hidden_wanted(r.proposer)
             wants_hidden |= wanted
             hidden_layers = hidden_layers or layers
-    logits, hidden = decoder.forward_states(torch.tensor(rows, device=decoder.device), cache,
-                                            states=hidden_layers if wants_hidden else None)
+    states = hidden_layers if wants_hidden else None
+    if decoder.ragged:
+        ends = [r.prefilling and r.prompt_cached + len(b) == len(r.seq.tokens) for r, b in zip(requests, blocks)]
+        logits_from = [len(b) - end if r.prefilling else 0 for r, b, end in zip(requests, blocks, ends)]
+        per_seq, hidden = decoder.forward_rows(blocks, cache, logits_from, states=states)
+        rows = sum(len(b) for b in blocks)
+    else:
+        if prompt_rows:
+            raise ValueError("prompt pieces inside a step need the native layer (Decoder.ragged)")
+        # Pad every block to the longest with its own last token: the padding rows
+        # come after the real ones (causal: nobody real sees them) and are rolled
+        # back below with the rejected drafts.
+        padded = [b + [b[-1]] * (width - len(b)) for b in blocks]
+        logits, states_ = decoder.forward_states(torch.tensor(padded, device=decoder.device), cache, states=states)
+        per_seq = [logits[b, : len(block)] for b, block in enumerate(blocks)]
+        hidden = list(states_.unbind(0)) if states_ is not None else None
+        rows = width * len(blocks)
     forward_s = time.perf_counter() - t0
     results: list[VerifyResult | None] = []
     deltas: list[list[str]] = []
@@ -186,7 +211,10 @@ def step(target: Model, requests: list[Request], cache: KVCache) -> StepReport:
     for b, request in enumerate(requests):
         before = len(request.seq.tokens)
         try:
-            result, text = _verify_and_commit(request, logits[b, : len(blocks[b])])
+            if request.prefilling:
+                result, text = None, _prompt_piece(request, len(blocks[b]), per_seq[b], hidden, b)
+            else:
+                result, text = _verify_and_commit(request, per_seq[b])
         except Exception as exc:  # reported per request; the others go on
             failures[b] = exc
             result, text = None, []
@@ -195,20 +223,40 @@ def step(target: Model, requests: list[Request], cache: KVCache) -> StepReport:
         added.append(len(request.seq.tokens) - before)
     cache.truncate([r.cache_length() for r in requests])
     verified = time.perf_counter()
-    for request in requests:
-        request.stats.verify_s += verified - t0
+    for b, request in enumerate(requests):
+        if results[b] is not None:
+            request.stats.verify_s += verified - t0
+        elif blocks[b]:
+            request.stats.prefill_s += verified - t0
     for b, (request, result) in enumerate(zip(requests, results)):
         if result is None or not request.started:
             continue
-        states = hidden[b, : added[b]] if hidden is not None and request.proposer.needs_hidden else None
+        states_b = hidden[b][: added[b]] if hidden is not None and request.proposer.needs_hidden else None
         t1 = time.perf_counter()
         try:
-            request.proposer.on_step(request.seq, result, states)
+            request.proposer.on_step(request.seq, result, states_b)
         except Exception as exc:
             failures[b] = exc
         request.stats.draft_s += time.perf_counter() - t1
     seconds = time.perf_counter() - t0
-    return StepReport(results, deltas, failures, width, forward_s, seconds)
+    return StepReport(results, deltas, failures, width, forward_s, seconds, rows, prompt_rows)
+
+
+def _prompt_piece(request: Request, fed: int, logits: Tensor, hidden: list[Tensor] | None, b: int) -> list[str]:
+    """A piece of `fed` prompt tokens went through the forward: count it, keep its states for a proposer
+    that reads the prompt's, and after the last piece commit the first token (logits [1, V])."""
+    if not fed:
+        return []
+    request.stats.target_forwards += 1
+    request.prompt_cached += fed
+    if hidden is not None and needs_prompt_states(request.proposer):
+        request.prompt_states.append(hidden[b])
+    if request.prompt_cached < len(request.seq.tokens):
+        return []
+    request.prompt_cached = None
+    states = torch.cat(request.prompt_states) if request.prompt_states else None
+    request.prompt_states = []
+    return _first_token(request, logits[-1:], states)
 
 
 def _verify_and_commit(request: Request, logits: Tensor) -> tuple[VerifyResult, list[str]]:

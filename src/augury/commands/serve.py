@@ -50,6 +50,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="memory for K/V rows of earlier prompts and chats, reused by requests that start with the same "
         "tokens (least recently used evicted first; default 0.25; 0 disables)",
     )
+    g.add_argument(
+        "--prefill-chunk",
+        default="auto",
+        metavar="N|auto",
+        help="prompt tokens one step may feed beside the running streams' decode rows, so a new prompt never "
+        "stalls them for its whole prefill (default auto: the planner's budget from measured costs; 0: every "
+        "prompt prefilled whole, alone, as it is admitted)",
+    )
     g.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask (default 4096)")
     g.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt accepted (default: what fits)")
     g.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024, help="largest request body (default 2 MiB)")
@@ -91,9 +99,23 @@ def _check_args(args: argparse.Namespace) -> None:
         if not getattr(args, name) >= (1.0 if name == "shutdown_timeout" else 0.1):
             raise AuguryError(f"--{name.replace('_', '-')} is too short: {getattr(args, name)} s")
     prefix_cache_bytes(args.prefix_cache_gb)
+    prefill_chunk(args.prefill_chunk)
     for origin in args.allow_origin:
         if origin != "*" and not origin.startswith(("http://", "https://")):
             raise AuguryError(f"--allow-origin takes scheme://host[:port] (e.g. http://localhost:3000), got {origin!r}")
+
+
+def prefill_chunk(text: str) -> int | None:
+    """--prefill-chunk as SchedulerConfig.prefill_chunk: None for auto, else a whole number >= 0 (one-line errors)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise AuguryError(f"--prefill-chunk takes a whole number of tokens or 'auto', got {text!r}") from None
+    if value < 0:
+        raise AuguryError(f"--prefill-chunk must be >= 0 (0 disables chunking), got {value}")
+    return value
 
 
 def prefix_cache_bytes(text: str) -> int:
@@ -154,6 +176,7 @@ def run_serve(args: argparse.Namespace) -> int:
             k=args.k,
             adaptive_k=not args.fixed_k,
             prefix_cache_bytes=prefix_cache_bytes(args.prefix_cache_gb),
+            prefill_chunk=prefill_chunk(args.prefill_chunk),
         ),
     )
     config = ServerConfig(

@@ -214,6 +214,60 @@ class Decoder:
         logits = self.project(final if logits_rows is None else final[:, logits_rows], padding)
         return logits, (hidden if states is not None else None)
 
+    @property
+    def ragged(self) -> bool:
+        """Whether `forward_rows` runs here: blocks of different lengths in one forward, none padded."""
+        return self.native is not None
+
+    @torch.inference_mode()
+    def forward_rows(
+        self, blocks: list[list[int]], cache: KVCache, logits_from: list[int], *, states: tuple[int, ...] | None = None
+    ) -> tuple[list[Tensor], list[Tensor] | None]:
+        """One forward over sequences that bring blocks of different lengths (the native layer's rows).
+
+        blocks[b]: the token ids sequence b appends after its cached slots (a
+        decode block, a piece of a prompt, or none this time); no block is padded to another's
+        length, and every row's bits are the ones it gets alone (the native
+        layer's rows never mix). logits_from[b]: the first row of block b to
+        project to logits (len(blocks[b]) for none: a prompt piece before its
+        last). Returns per sequence fp32 logits [len - logits_from, V] and, when
+        states is not None, its hidden states [len, hidden * (len(states) + 1)]
+        (as forward_states). Each sequence's cache length grows by its block's.
+        """
+        if self.native is None:
+            raise ValueError("forward_rows needs the native layer (GGUF blocks on the built kernel)")
+        counts = [len(b) for b in blocks]
+        if len(blocks) != cache.batch_size or sum(counts) < 1:
+            raise ValueError(f"{len(blocks)} blocks of {counts} rows for a cache of {cache.batch_size} sequences")
+        lengths = cache.lengths
+        if max(n + c for n, c in zip(lengths, counts)) > cache.max_len:
+            raise ValueError(f"KV cache full: need {max(n + c for n, c in zip(lengths, counts))} slots, "
+                             f"have {cache.max_len}")
+        c = self.config
+        w = self.weights
+        tokens = torch.tensor([t for block in blocks for t in block], device=self.device)
+        count_t = torch.tensor(counts)
+        row_seq = torch.arange(len(blocks)).repeat_interleave(count_t)
+        starts = torch.tensor(lengths).repeat_interleave(count_t)
+        first = torch.cumsum(count_t, 0) - count_t  # each block's first flat row
+        row_slot = starts + torch.arange(len(tokens)) - first.repeat_interleave(count_t)
+        x = F.embedding(tokens, w.embed)
+        if c.embed_scale != 1.0:
+            x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
+        layers = states or ()
+        x, taken = self.native.run_rows(x, row_seq, row_slot, cache, layers)
+        cache.lengths = [n + k for n, k in zip(lengths, counts)]
+        final = rms_norm(x, w.final_norm, c.rms_eps).to(self.dtype)
+        wanted = [torch.arange(f + s, f + n) for f, s, n in zip(first.tolist(), logits_from, counts)]
+        picked = torch.cat(wanted)
+        logits = self.project(final[picked].unsqueeze(0))[0] if len(picked) else None
+        sizes = [len(i) for i in wanted]
+        per_seq = list(logits.split(sizes)) if logits is not None else [final.new_zeros(0, c.vocab_size)] * len(blocks)
+        if states is None:
+            return per_seq, None
+        hidden = torch.cat([taken[i].to(self.dtype) for i in layers] + [final], dim=-1) if layers else final
+        return per_seq, list(hidden.split(counts))
+
     def _linear(
         self, x: Tensor, weight: Tensor | PackedWeight, bias: Tensor | None = None, padding: RowPadding | None = None
     ) -> Tensor:

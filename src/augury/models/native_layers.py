@@ -107,20 +107,48 @@ class NativeStack:
 
         Writes every layer's K/V for the block; the caller advances the cache.
         """
-        c = self.config
         batch, t = positions.shape
         lengths = cache.lengths
-        flat = x.reshape(batch * t, c.hidden_size).float().contiguous()
-        if flat.data_ptr() == x.data_ptr():
-            flat = flat.clone()  # updated in place: never the caller's tensor
         row_seq = torch.arange(batch).repeat_interleave(t)
         row_slot = (torch.tensor(lengths).unsqueeze(1) + torch.arange(t)).reshape(-1)
         tables_global = self._key_tables(lengths, positions, block_mask, None)
         tables_local = (
-            self._key_tables(lengths, positions, block_mask, c.sliding_window) if c.sliding_window else tables_global
+            self._key_tables(lengths, positions, block_mask, self.config.sliding_window)
+            if self.config.sliding_window else tables_global
         )
+        flat, taken = self._layers(x.reshape(batch * t, -1), row_seq, row_slot, positions.reshape(-1), cache,
+                                   tables_global, tables_local, hidden_layers)
+        return flat.view(batch, t, -1), {i: out.view(batch, t, -1) for i, out in taken.items()}
+
+    def run_rows(
+        self, x: Tensor, row_seq: Tensor, row_slot: Tensor, cache: "KVCache | CacheGroup",
+        hidden_layers: tuple[int, ...] = (),
+    ) -> tuple[Tensor, dict[int, Tensor]]:
+        """A ragged block: x [N, hidden] embedded rows, row r of sequence row_seq[r] at cache slot
+        row_slot[r] (its position), attending causally to its sequence's slots up to its own.
+
+        Sequences may bring any number of rows (a decode row beside a prompt piece), and no row is
+        padded; each row's bits are the ones it gets in any other block. Returns (residual stream
+        [N, hidden] fp32, {layer: its output}); writes every layer's K/V, the caller advances the cache.
+        """
+        hi = row_slot + 1
+        tables_global = (torch.zeros_like(hi), hi, torch.zeros(len(hi) + 1, dtype=torch.long), _EMPTY)
+        tables_local = tables_global
+        if self.config.sliding_window:
+            lo = (row_slot + 1 - self.config.sliding_window).clamp(min=0)
+            tables_local = (lo.contiguous(), hi, tables_global[2], _EMPTY)
+        return self._layers(x, row_seq, row_slot, row_slot, cache, tables_global, tables_local, hidden_layers)
+
+    def _layers(self, x: Tensor, row_seq: Tensor, row_slot: Tensor, positions: Tensor, cache, tables_global,
+                tables_local, hidden_layers: tuple[int, ...]) -> tuple[Tensor, dict[int, Tensor]]:
+        """Every layer over flat rows x [N, hidden]; positions [N] pick the RoPE rows."""
+        c = self.config
+        flat = x.float().contiguous()
+        if flat.data_ptr() == x.data_ptr():
+            flat = flat.clone()  # updated in place: never the caller's tensor
         rope_global = self._rope(self.rope_global, positions)
         rope_local = self._rope(self.rope_local, positions) if self.rope_local is not self.rope_global else rope_global
+        row_seq, row_slot = row_seq.contiguous(), row_slot.contiguous()
         taken: dict[int, Tensor] = {}
         for i, layer in enumerate(self.layers):
             sliding = c.is_sliding(i)
@@ -128,8 +156,8 @@ class NativeStack:
             cos, sin = rope_local if sliding else rope_global
             layer.forward(flat, keys, values, row_seq, row_slot, *(tables_local if sliding else tables_global), cos, sin)
             if i in hidden_layers:
-                taken[i] = flat.view(batch, t, -1).clone()
-        return flat.view(batch, t, c.hidden_size), taken
+                taken[i] = flat.clone()
+        return flat, taken
 
     @staticmethod
     def _rope(table, positions: Tensor) -> tuple[Tensor, Tensor]:

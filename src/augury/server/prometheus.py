@@ -42,7 +42,12 @@ def render(scheduler: Scheduler, responses: Counter) -> str:
     metric("drafting_seconds_total", "counter", "Seconds spent drafting.", [("", float(s.draft_s))])
     metric("verification_seconds_total", "counter", "Seconds in batched target forwards and verification.",
            [("", float(s.verify_s))])
-    metric("prefill_seconds_total", "counter", "Seconds spent prefilling prompts.", [("", float(s.prefill_s))])
+    metric("prefill_seconds_total", "counter", "Seconds spent prefilling prompts (for prompts fed in pieces, "
+           "their rows' share of each step).", [("", float(s.prefill_s))])
+    metric("prompts_in_pieces_total", "counter", "Prompts prefilled in pieces inside the decode steps.",
+           [("", s.prompts_in_pieces)])
+    metric("prefilling", "gauge", "Admitted requests whose prompt is still being prefilled.",
+           [("", scheduler.prefilling)])
     caches = [(f'{{model="{name}"}}', cache) for name, cache in (("target", scheduler.prefix),
               ("drafter", scheduler.draft_prefix)) if cache is not None]
     metric("prefix_cache_hits_total", "counter", "Prompts that started on rows of the prefix cache.",
