@@ -351,17 +351,18 @@ def test_an_unreachable_endpoint_is_one_line_before_any_server_starts(capsys):
     assert err.startswith("augury: error:") and "\n" not in err
 
 
-def test_the_prefix_cache_size_reaches_both_servers_and_a_bad_one_is_one_line(capsys):
+@pytest.mark.parametrize("flag, value, bad", [("--prefix-cache-gb", "0", "lots"), ("--prefill-chunk", "8", "-2")])
+def test_a_server_option_reaches_both_servers_and_a_bad_one_is_one_line(flag, value, bad, capsys):
     import argparse
 
     from augury.commands import loadtest
 
     parser = argparse.ArgumentParser()
     loadtest.register(parser.add_subparsers())
-    args = parser.parse_args(["loadtest", "--prefix-cache-gb", "0"])
+    args = parser.parse_args(["loadtest", flag, value])
     argv = loadtest._serve_args(args, max_batch=4)
-    assert argv[argv.index("--prefix-cache-gb") + 1] == "0"
-    assert "--prefix-cache-gb" not in loadtest._serve_args(parser.parse_args(["loadtest"]), max_batch=4)
-    assert main(["loadtest", "--prefix-cache-gb", "lots"]) == 2
+    assert argv[argv.index(flag) + 1] == value
+    assert flag not in loadtest._serve_args(parser.parse_args(["loadtest"]), max_batch=4)
+    assert main(["loadtest", flag, bad]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("augury: error: --prefix-cache-gb") and "\n" not in err
+    assert err.startswith(f"augury: error: {flag}") and "\n" not in err

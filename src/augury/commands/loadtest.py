@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="KV slots per sequence, prompt + output (default 2048; sets serve's --kv-budget-tokens)")
     g.add_argument("--prefix-cache-gb", default=None,
                    help="each augury server's prefix cache (serve's --prefix-cache-gb; 0 disables it; default serve's)")
+    g.add_argument("--prefill-chunk", default=None, metavar="N|auto",
+                   help="each augury server's prompt tokens per step beside the decode rows (serve's --prefill-chunk; "
+                   "0: prompts prefilled whole at admission; default serve's)")
     g.add_argument("--port", type=int, default=0,
                    help="spec off on PORT, spec on on PORT+1 (default 0: free ephemeral ports)")
     g.add_argument("--startup-timeout", type=float, default=600.0,
@@ -96,6 +99,10 @@ def _check_args(args: argparse.Namespace) -> list[int]:
         from augury.commands.serve import prefix_cache_bytes
 
         prefix_cache_bytes(args.prefix_cache_gb)
+    if args.prefill_chunk is not None:
+        from augury.commands.serve import prefill_chunk
+
+        prefill_chunk(args.prefill_chunk)
     if args.endpoint is None:
         for flag in ("endpoint_pid", "endpoint_api_key", "endpoint_model"):
             if getattr(args, flag) is not None:
@@ -119,6 +126,8 @@ def _serve_args(args: argparse.Namespace, max_batch: int) -> list[str]:
         argv += ["--draft", args.draft]
     if args.prefix_cache_gb is not None:
         argv += ["--prefix-cache-gb", str(args.prefix_cache_gb)]
+    if args.prefill_chunk is not None:
+        argv += ["--prefill-chunk", str(args.prefill_chunk)]
     if args.offline:
         argv.append("--offline")
     if not args.exact:
