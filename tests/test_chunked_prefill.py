@@ -262,3 +262,29 @@ def test_bad_chunk_sizes_are_one_line_errors(target, capsys):
         assert main(["serve", "--model", "nothing-here", "--prefill-chunk", value]) != 0
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--prefill-chunk" in err[0], err
+
+
+def test_past_the_row_attention_limit_the_prefix_cache_changes_no_text_when_prompts_come_in_pieces(target):
+    """Every prompt's rows come from the native layer in pieces, so rows the prefix cache serves are the bits
+    a fresh chunked prefill writes at any prompt length (a whole prefill past 64 tokens gives no such bits)."""
+    params = SamplingParams(max_tokens=8)
+    shared = tokens(90, seed=60)
+    prompts = [shared + tokens(5, seed=61), shared + tokens(30, seed=62), shared[:70] + tokens(9, seed=63)]
+    fresh = [run_scheduler(Scheduler(target, None, SchedulerConfig(max_batch=1, prefill_chunk=16)), [(p, params)])[0]
+             .token_ids for p in prompts]
+    config = SchedulerConfig(max_batch=1, prefill_chunk=16, prefix_cache_bytes=10**7, prefix_block=8)
+    scheduler = Scheduler(target, None, config)
+    cached = []
+    scheduler.start()
+    try:
+        for prompt in prompts:
+            done = threading.Event()
+            ended = []
+            scheduler.submit(prompt, params, lambda e: (ended.append(e), done.set()) if isinstance(
+                e, (Finished, Failed)) else None)
+            assert done.wait(120), "the scheduler stopped answering"
+            cached.append(ended[0].result.token_ids)
+    finally:
+        scheduler.stop()
+    assert scheduler.prefix.hits == 2 and scheduler.prefix.saved_tokens >= 90 + 64
+    assert cached == fresh, "rows served by the prefix cache changed a chunked prompt's text"
