@@ -366,3 +366,47 @@ def test_a_server_option_reaches_both_servers_and_a_bad_one_is_one_line(flag, va
     assert main(["loadtest", flag, bad]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"augury: error: {flag}") and "\n" not in err
+
+
+# -- multi-turn chats ---------------------------------------------------------------------------------
+
+
+def test_chats_resend_the_whole_history_every_turn_and_time_each_turn():
+    from augury.bench.chats import FOLLOW_UP, run_chats
+    from tests.fake_openai import STREAMED, fake_openai
+
+    bodies: list = []
+    usage = {"usage": {"completion_tokens": 3, "prompt_tokens": 7}}
+    with fake_openai({"data": [{"id": "m"}]}, usage, bodies) as base:
+        client = EndpointContender(base, method="llama-server")
+        client.check()
+        results = run_chats(client, "llama-server", [chat(p) for p in PROMPTS], turns=3, max_tokens=5, chats=2)
+    reply = {"role": "assistant", "content": "".join(STREAMED)}
+    follow = {"role": "user", "content": FOLLOW_UP}
+    sent = [b["messages"] for b in bodies]
+    assert sent == [chat(PROMPTS[0]), chat(PROMPTS[0]) + [reply, follow], chat(PROMPTS[0]) + [reply, follow] * 2,
+                    chat(PROMPTS[1]), chat(PROMPTS[1]) + [reply, follow], chat(PROMPTS[1]) + [reply, follow] * 2]
+    assert [(r.server, r.prompt, len(r.ttft_s)) for r in results] == [("llama-server", 0, 3), ("llama-server", 1, 3)]
+    assert all(t > 0 for r in results for t in r.ttft_s)
+
+
+def test_the_second_turn_ratio_table_and_goal_from_known_numbers():
+    from augury.bench.chats import ChatResult, chat_goals, chat_table, second_turn_ratio
+
+    results = [ChatResult(SPEC_OFF, 0, (2.0, 0.4, 0.5)), ChatResult(SPEC_OFF, 1, (1.0, 0.1, 0.3)),
+               ChatResult(SPEC_ON, 0, (2.0, 1.0, 1.5))]
+    assert second_turn_ratio(results[:2]) == pytest.approx((0.2 + 0.1) / 2)
+    table = chat_table(results, {SPEC_OFF: "spec off", SPEC_ON: "spec on"})
+    assert table.rows[0] == ["spec off", "2", "1.50", "0.25", "0.40", "0.15x"]
+    assert table.rows[1] == ["spec on", "1", "2.00", "1.00", "1.50", "0.50x"]
+    goals = chat_goals(results, {SPEC_OFF: "spec off", SPEC_ON: "spec on"})
+    assert goals == ["goal: a second turn's TTFT at most 0.3x the first's (spec off): met (0.15x)",
+                     "goal: a second turn's TTFT at most 0.3x the first's (spec on): missed (0.50x)"]
+    report = LoadReport([], {}, chats=results)
+    assert "Multi-turn chats" in report.markdown() and report.to_json()["chats"][2]["ttft_s"] == [2.0, 1.0, 1.5]
+
+
+def test_chat_turns_of_one_is_refused_with_one_line(capsys):
+    assert main(["loadtest", "--chat-turns", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("augury: error: --chat-turns") and "\n" not in err

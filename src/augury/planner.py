@@ -32,6 +32,7 @@ each constant was tuned on is recorded in docs/design.md.
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -308,9 +309,11 @@ class Planner:
     # time left, whichever is more (see _start_is_cheap).
     PROBE_START_STEPS = 4
     PROBE_START_SHARE = 0.1
-    # A step that feeds prompt pieces may take this many times the decode rows' own forward
-    # (prompt_budget), and feeds this many prompt tokens before any forward was measured.
-    PROMPT_STRETCH = 2.0
+    # A step that feeds prompt pieces holds rows enough for this share of the forward's best rows per
+    # second (step_rows), and at least MIN_PROMPT_PIECE prompt tokens; UNMEASURED_PIECE before any two
+    # forwards of different sizes were measured.
+    PREFILL_EFFICIENCY = 0.8
+    MIN_PROMPT_PIECE = 8
     UNMEASURED_PIECE = 16
 
     def __init__(
@@ -361,22 +364,34 @@ class Planner:
         if not report.prompt_rows:  # a step that fed prompt pieces says nothing of a decode step's cost
             self.costs.observe_target(len(report.results), report.width, report.seconds)
 
+    def step_rows(self, limit: int) -> int:
+        """The rows a step that feeds prompt pieces fills up to, at most `limit`: the fewest at which a
+        forward reaches PREFILL_EFFICIENCY of its best rows per second, by the measured cost of a forward
+        against its rows (t = a + b * rows, from the profile's curve and every step since):
+        rows / (a + b * rows) >= e / b  <=>  rows >= e / (1 - e) * a / b.
+
+        Fewer rows would prefill slower than the machine can (the fixed cost of
+        reading the weights spread over too few rows); more would stretch the
+        running streams' step for little more prefill speed.
+        """
+        fixed, per_row = self.costs.rows.line()
+        if per_row <= 0.0:
+            return min(limit, self.UNMEASURED_PIECE)
+        e = self.PREFILL_EFFICIENCY
+        return max(1, min(limit, math.ceil(e / (1.0 - e) * fixed / per_row - 1e-9)))
+
     def prompt_budget(self, decode_rows: int, limit: int) -> int:
         """Prompt tokens the next step may feed beside `decode_rows` decode rows (at most `limit`).
 
         Pieces ride in the decode rows' forward, so the running streams wait for
-        them: the budget keeps that forward within PROMPT_STRETCH times the
-        decode rows' own, by the measured cost of a forward against its rows
-        (t = a + b * rows, from the profile's curve and every step since).
-        With nothing decoding nobody waits, and a prompt takes `limit` a step.
+        them: the step is filled up to `step_rows`, and never below
+        MIN_PROMPT_PIECE prompt tokens, so prompts keep entering under any load
+        (prompts admitted faster than they are prefilled would wait without
+        bound). With nothing decoding nobody waits: a prompt takes `limit`.
         """
         if decode_rows == 0:
             return limit
-        _, per_row = self.costs.rows.line()
-        if per_row <= 0.0:
-            return min(limit, self.UNMEASURED_PIECE)
-        extra = (self.PROMPT_STRETCH - 1.0) * self.costs.rows_time(decode_rows) / per_row
-        return max(1, min(limit, int(extra)))
+        return min(limit, max(self.MIN_PROMPT_PIECE, self.step_rows(limit) - decode_rows))
 
     def expected_gain(self, requests: list[Request], k: int | None = None) -> float:
         """Predicted tokens per second drafting k (default the current plan's) over plain decoding's, from the

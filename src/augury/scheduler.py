@@ -453,10 +453,10 @@ class Scheduler:
     def _give_pieces(self, prefilling: list[Request], decode_rows: int) -> None:
         """How many prompt tokens each prompt being prefilled feeds this step (`Request.piece`).
 
-        The step's budget (fixed, or the planner's from measured costs) goes to
-        the shortest prompts first, so a short request is not held behind a
-        long one; the prompt waiting longest always gets a quarter of it, so a
-        stream of short prompts cannot starve a long one either.
+        Half the step's budget (fixed, or the planner's from measured costs)
+        goes to the prompt admitted first, so prompts are served in order and
+        none starves; the rest to the shortest prompts first, so a short
+        request is not held behind a long one for the long one's whole prefill.
         """
         if not prefilling:
             return
@@ -464,7 +464,7 @@ class Scheduler:
         for request in prefilling:
             request.piece = 0
         oldest = min(prefilling, key=lambda r: r.seq.id)  # sequences are numbered as they are made
-        oldest.piece = min(oldest.prompt_left(), max(1, budget // 4))
+        oldest.piece = min(oldest.prompt_left(), max(1, budget // 2))
         budget -= oldest.piece
         for request in sorted(prefilling, key=Request.prompt_left):
             more = min(request.prompt_left() - request.piece, budget)

@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from augury.bench.chats import run_chats
 from augury.bench.endpoint import EndpointContender
 from augury.bench.load_report import LABELS, SPEC_OFF, SPEC_ON, LevelResult, LoadReport, RequestResult
 from augury.bench.records import Messages
@@ -147,8 +148,10 @@ def run_load(
     progress: Callable[[str], None] | None = None,
     min_requests: int = 0,
     repeats: int = 1,
+    chat_turns: int = 0,
 ) -> LoadReport:
-    """Every level on every server (alternating which goes first), plus the concurrency-1 references.
+    """Every level on every server (alternating which goes first), plus the concurrency-1 references,
+    then `chat_turns`-turn conversations on each server alone (`augury.bench.chats`; 0: none).
 
     `clients` maps SPEC_OFF / SPEC_ON (or any names) to a checked endpoint client.
     """
@@ -181,7 +184,14 @@ def run_load(
                 which = f" (repeat {repeat + 1} of {repeats})" if repeats > 1 else ""
                 say(f"{LABELS.get(name, name)}, concurrency {c}{which}: {level.tok_s:.1f} tok/s "
                     f"({level.tokens} tokens in {level.wall_s:.1f}s)")
-    return LoadReport(levels, references)
+    chats = []
+    if chat_turns:
+        for name in names:
+            done = run_chats(clients[name], name, prompts, chat_turns, max_tokens)
+            say(f"{LABELS.get(name, name)}: {len(done)} chats of {chat_turns} turns, TTFT by turn "
+                + " ".join(f"{sum(r.ttft_s[t] for r in done) / len(done):.2f}" for t in range(chat_turns)) + " s")
+            chats += done
+    return LoadReport(levels, references, chats=chats)
 
 
 # -- the servers ------------------------------------------------------------------------------------
@@ -201,6 +211,7 @@ def run_with_servers(
     endpoints: dict[str, EndpointContender] | None = None,
     endpoint_pids: dict[str, int] | None = None,
     start_augury: bool = True,
+    chat_turns: int = 0,
 ) -> LoadReport:
     """Start the spec-off and spec-on servers, run the load, and stop both whatever happens.
 
@@ -215,7 +226,7 @@ def run_with_servers(
     if not start_augury:
         ready = {name: resident_gb(pid) for name, pid in endpoint_pids.items()}
         report = run_load(endpoints, prompts, concurrency, requests_per_client, max_tokens, progress, min_requests,
-                          repeats)
+                          repeats, chat_turns)
         _record_memory(report, ready, endpoint_pids)
         return report
     if port:
@@ -243,7 +254,7 @@ def run_with_servers(
         pids = {name: server.proc.pid for name, server in servers.items()} | endpoint_pids
         ready = {name: resident_gb(pid) for name, pid in pids.items()}
         report = run_load(clients | endpoints, prompts, concurrency, requests_per_client, max_tokens, progress,
-                          min_requests, repeats)
+                          min_requests, repeats, chat_turns)
         _record_memory(report, ready, pids)
         return report
     finally:

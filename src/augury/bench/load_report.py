@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from augury.bench.chats import ChatResult, chat_goals, chat_table
 from augury.bench.report import Table
 from augury.bench.server_process import ServerMemory
 
@@ -137,6 +138,7 @@ class LoadReport:
     prompt_ids: list[str] = field(default_factory=list)
     settings: dict = field(default_factory=dict)
     memory: dict[str, ServerMemory] = field(default_factory=dict)  # server -> its resident sizes
+    chats: list[ChatResult] = field(default_factory=list)  # multi-turn conversations, each alone (bench.chats)
 
     def runs(self, server: str, concurrency: int) -> list[LevelResult]:
         """The repeats of one level on one server, in the order they ran."""
@@ -269,6 +271,10 @@ class LoadReport:
             lines.append(f"- lossless: spec on equals spec off on all {both} prompts")
         for server, memory in self.memory.items():
             lines.append(f"- memory of the {LABELS.get(server, server)} server: {memory.describe()}")
+        if self.chats:
+            lines.append("")
+            lines.append(chat_table(self.chats, LABELS).markdown())
+            lines += [f"- {g}" for g in chat_goals(self.chats, LABELS)]
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict:
@@ -288,4 +294,6 @@ class LoadReport:
             "mismatches": [asdict(m) for m in self.mismatches()],
             "lossless_mismatches": [asdict(m) for m in self.lossless_mismatches()],
             "memory_gb": {server: asdict(memory) for server, memory in self.memory.items()},
+            "chats": [chat.to_json() for chat in self.chats],
+            "chat_goals": chat_goals(self.chats, LABELS),
         }

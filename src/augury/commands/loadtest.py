@@ -71,6 +71,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"prompts: spec-bench[:N], mt-bench[:N], gsm8k[:N] or a JSONL file (default {DEFAULT_SUITE}; "
                    "first turn only)")
     g.add_argument("--data", default=None, help="the named suite's JSONL file, if not in ../shared/data")
+    g.add_argument("--chat-turns", type=int, default=0,
+                   help="after the levels, run a few multi-turn chats of this many turns on each server alone "
+                   "(the whole history re-sent every turn, as chat clients do) and report TTFT by turn "
+                   "(default 0: none)")
     g.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     p.set_defaults(func=run_loadtest)
 
@@ -84,6 +88,8 @@ def _check_args(args: argparse.Namespace) -> list[int]:
     for name in ("requests_per_client", "max_tokens", "k", "repeats"):
         if getattr(args, name) < 1:
             raise AuguryError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.chat_turns != 0 and args.chat_turns < 2:
+        raise AuguryError(f"--chat-turns must be 0 (no chats) or at least 2, got {args.chat_turns}")
     if args.min_requests < 0:
         raise AuguryError(f"--min-requests must be >= 0, got {args.min_requests}")
     if args.max_batch is not None and args.max_batch < 1:
@@ -160,6 +166,7 @@ def run_loadtest(args: argparse.Namespace) -> int:
         _serve_args(args, max_batch), prompts, levels, args.requests_per_client, args.max_tokens,
         port=args.port, startup_timeout=args.startup_timeout, progress=progress, min_requests=args.min_requests,
         repeats=args.repeats, endpoints=endpoints, endpoint_pids=pids, start_augury=not args.endpoint_only,
+        chat_turns=args.chat_turns,
     )
     report.prompt_ids = [p.id for p in suite.prompts]
     report.settings = {
@@ -168,6 +175,7 @@ def run_loadtest(args: argparse.Namespace) -> int:
         "requests_per_client": args.requests_per_client, "min_requests": args.min_requests, "repeats": args.repeats,
         "max_tokens": args.max_tokens, "temperature": 0.0, "endpoint": args.endpoint,
         "endpoint_label": args.endpoint_label if args.endpoint else None, "augury_servers": not args.endpoint_only,
+        "chat_turns": args.chat_turns, "prefix_cache_gb": args.prefix_cache_gb, "prefill_chunk": args.prefill_chunk,
     }
     print(report.markdown(), end="")
     if args.out is not None:
