@@ -59,8 +59,8 @@ def native_weights(arch: str, dtype: torch.dtype, seed: int = 0) -> Weights:
             attn_norm=norm(HIDDEN), mlp_norm=norm(HIDDEN),
             wqkv=GgufWeight(qkv, dtype=dtype),
             wo=GgufWeight([quant_blocks("Q4_K", HIDDEN, HIDDEN, 0.06, gen)], dtype=dtype),
-            w_gate_up=GgufWeight([quant_blocks("Q4_K", INTER, HIDDEN, 0.06, gen), quant_blocks("Q5_K", INTER, HIDDEN, 0.06, gen)],
-                                 dtype=dtype),
+            w_gate_up=GgufWeight([quant_blocks("Q4_K", INTER, HIDDEN, 0.06, gen),
+                                  quant_blocks("Q5_K", INTER, HIDDEN, 0.06, gen)], dtype=dtype),
             w_down=GgufWeight([quant_blocks(down_kind, HIDDEN, INTER, 0.05, gen)], dtype=dtype),
             bqkv=(0.1 * torch.randn(HIDDEN + 2 * kv, generator=gen)).to(dtype) if c.qkv_bias else None,
             q_norm=norm(HEAD_DIM) if c.qk_norm else None,
@@ -68,10 +68,11 @@ def native_weights(arch: str, dtype: torch.dtype, seed: int = 0) -> Weights:
             post_attn_norm=norm(HIDDEN) if c.post_norms else None,
             post_mlp_norm=norm(HIDDEN) if c.post_norms else None,
         ))
-    embed_blocks = GgufWeight([quant_blocks("Q8_0", VOCAB, HIDDEN, 1.0 / math.sqrt(HIDDEN) if c.embed_scale != 1 else 1.0,
-                                       gen)], dtype=dtype)
+    embed_std = 1.0 / math.sqrt(HIDDEN) if c.embed_scale != 1 else 1.0
+    embed_blocks = GgufWeight([quant_blocks("Q8_0", VOCAB, HIDDEN, embed_std, gen)], dtype=dtype)
     embed = embed_blocks.dense().to(dtype)
-    head = embed_blocks if c.tie_embeddings else GgufWeight([quant_blocks("Q6_K", VOCAB, HIDDEN, 0.1, gen)], dtype=dtype)
+    head = (embed_blocks if c.tie_embeddings
+            else GgufWeight([quant_blocks("Q6_K", VOCAB, HIDDEN, 0.1, gen)], dtype=dtype))
     return Weights(embed=embed, final_norm=norm(HIDDEN), lm_head=head, layers=layers)
 
 

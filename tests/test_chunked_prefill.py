@@ -137,16 +137,16 @@ def test_a_drafter_that_reads_the_prompts_states_gets_all_of_them(target):
 
 
 def test_the_budget_fills_a_step_to_the_rows_of_an_efficient_forward():
-    """Synthetic costs: a forward takes 8 ms + 2 ms a row, so its rows per second reach 80% of their best
-    (1 / 2 ms) at 16 rows. A step feeding prompts fills up to 16 rows, never with fewer than
+    """Synthetic costs: a forward takes 4 ms + 2 ms a row, so its rows per second reach 90% of their best
+    (1 / 2 ms) at 18 rows. A step feeding prompts fills up to 18 rows, never with fewer than
     MIN_PROMPT_PIECE prompt tokens; with nothing decoding a prompt takes the whole limit."""
-    curve = {rows: 8.0 + 2.0 * rows for rows in (1, 2, 4, 8, 16)}
+    curve = {rows: 4.0 + 2.0 * rows for rows in (1, 2, 4, 8, 16)}
     planner = Planner(4, batched=True, curve=curve)
-    assert planner.step_rows(64) == 16 and planner.step_rows(10) == 10
-    rate = lambda rows: rows / (8.0 + 2.0 * rows)  # noqa: E731
-    assert rate(16) >= Planner.PREFILL_EFFICIENCY * 0.5 > rate(15)
+    assert planner.step_rows(64) == 18 and planner.step_rows(10) == 10
+    rate = lambda rows: rows / (4.0 + 2.0 * rows)  # noqa: E731
+    assert rate(18) >= Planner.PREFILL_EFFICIENCY * 0.5 > rate(17)
     assert planner.prompt_budget(0, 64) == 64, "with nothing decoding nobody waits"
-    assert [planner.prompt_budget(n, 64) for n in (1, 3, 8, 16, 40)] == [15, 13, 8, 8, 8]
+    assert [planner.prompt_budget(n, 64) for n in (1, 3, 10, 16, 40)] == [17, 15, 8, 8, 8]
     assert planner.prompt_budget(1, 6) == 6
     assert Planner(4, batched=True).prompt_budget(2, 64) == Planner.UNMEASURED_PIECE - 2
 

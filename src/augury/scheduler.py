@@ -31,150 +31,37 @@ Requests whose drafter reads the prompt's target states (heads) skip it.
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from augury.cache import KVCache
 from augury.errors import AuguryError
-from augury.metrics import SpecStats
 from augury.models.loader import Model
 from augury.planner import Planner, load_dependent
-from augury.prefix_cache import DEFAULT_BLOCK, PrefixCache, kv_bytes_per_token
-from augury.cache import KVCache
+from augury.prefix_cache import PrefixCache, kv_bytes_per_token
 from augury.proposers.base import Proposer, batches
-from augury.request import GenerationResult, Request, TokenLogprob
+from augury.request import Request, TokenLogprob
 from augury.sampling import SamplingParams
 from augury.step import check_k, draft, needs_prompt_states, prefill, step
+from augury.tickets import (
+    Admitted,
+    Event,
+    Failed,
+    Finished,
+    QueueFull,
+    SchedulerConfig,
+    SchedulerStats,
+    TextDelta,
+    Ticket,
+)
+
+# The events, the config and a request's ticket live in tickets.py; callers import them from here too.
+__all__ = ["Admitted", "Event", "Failed", "Finished", "QueueFull", "Scheduler", "SchedulerConfig", "SchedulerStats",
+           "TextDelta", "Ticket"]
 
 log = logging.getLogger("augury.scheduler")
-
-DEFAULT_SEQ_TOKENS = 4096  # per-row capacity when no KV budget is given (capped by the context)
-
-
-# -- events the scheduler sends to a request's owner (from the engine thread) -------------
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """The request left the queue and holds a row; text follows."""
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    text: str
-    # For requests that asked for logprobs: those of the tokens committed since the previous delta
-    # (tokens past the end, e.g. an end-of-sequence token, excluded; the rest are in the result).
-    logprobs: tuple[TokenLogprob, ...] = ()
-
-
-@dataclass(frozen=True)
-class Finished:
-    result: GenerationResult
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The request ended without a result. kind: invalid | internal | shutdown."""
-
-    kind: str
-    message: str
-
-
-Event = Admitted | TextDelta | Finished | Failed
-
-
-class QueueFull(Exception):
-    """Every row is busy and the waiting queue is at its bound."""
-
-
-# -- configuration and per-request state ---------------------------------------------------
-
-
-@dataclass
-class SchedulerConfig:
-    max_batch: int = 16
-    max_queue: int = 64
-    kv_budget_tokens: int | None = None  # KV slots in the pool; None: max_batch * min(context, 4096)
-    k: int = 4  # the largest draft length; the scheduler may use less
-    adaptive_k: bool = True
-    probe_every: int = 16
-    prefix_cache_bytes: int = 0  # K/V rows of earlier sequences kept for reuse, target and drafter together; 0: none
-    prefix_block: int = DEFAULT_BLOCK  # tokens per prefix cache block
-    # Prompt tokens a step may feed beside the running streams' decode rows. None: the planner's budget
-    # from measured costs (Planner.prompt_budget); 0: every prompt prefilled whole, alone, at admission
-    # (also where the decoder has no ragged rows, Decoder.ragged).
-    prefill_chunk: int | None = None
-
-    def seq_capacity(self, context_length: int) -> int:
-        """Tokens (prompt + output) one sequence may hold: its row of the pool."""
-        if self.kv_budget_tokens is None:
-            return min(context_length, DEFAULT_SEQ_TOKENS)
-        return min(context_length, self.kv_budget_tokens // self.max_batch)
-
-
-class Ticket:
-    """A submitted request as the scheduler tracks it; the handle `cancel` takes."""
-
-    _ids = itertools.count()
-
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, on_event: Callable[[Event], None]) -> None:
-        self.id = next(self._ids)
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self.on_event = on_event
-        self.cancelled = False  # set by any thread; the engine thread acts on it between steps
-        self.request: Request | None = None
-        self.admitted_at: float | None = None
-        self.logprobs_sent = 0  # output tokens whose logprobs went out with a TextDelta
-
-    def emit(self, event: Event) -> None:
-        try:
-            self.on_event(event)
-        except Exception:  # a receiver that is gone must not stop the engine
-            log.exception("dropping an event for request %d", self.id)
-
-
-@dataclass
-class SchedulerStats:
-    """Counters for /metrics. Written by the engine thread only, read by anyone."""
-
-    completed: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    rejected: int = 0  # queue full, or withdrawn after waiting too long
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    steps: int = 0  # batched target forwards
-    decode: SpecStats = field(default_factory=SpecStats)  # one record per running sequence per step
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    prefill_s: float = 0.0
-    prompts_in_pieces: int = 0  # prompts prefilled in pieces inside the steps
-    last_k: int = 0
-
-    @property
-    def drafted(self) -> int:
-        return self.decode.drafted
-
-    @property
-    def accepted(self) -> int:
-        return self.decode.accepted
-
-    @property
-    def sequence_steps(self) -> int:
-        return self.decode.steps
-
-    @property
-    def alpha(self) -> float:
-        return self.decode.alpha
-
-    @property
-    def tau(self) -> float:
-        return self.decode.tau
-
 
 def _cost_curve(target: Model) -> dict[int, float] | None:
     """The target's verification cost curve as `augury profile` measured it on this machine, if it did."""

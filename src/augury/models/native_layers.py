@@ -154,7 +154,8 @@ class NativeStack:
             sliding = c.is_sliding(i)
             keys, values = cache.sequence_kv(i)
             cos, sin = rope_local if sliding else rope_global
-            layer.forward(flat, keys, values, row_seq, row_slot, *(tables_local if sliding else tables_global), cos, sin)
+            tables = tables_local if sliding else tables_global
+            layer.forward(flat, keys, values, row_seq, row_slot, *tables, cos, sin)
             if i in hidden_layers:
                 taken[i] = flat.clone()
         return flat, taken

@@ -1,0 +1,105 @@
+"""What the target's steps and the drafter's rounds cost, as measured while serving: the planner's cost model.
+
+`ShapeCosts` keeps seconds by shape (a median of the last few samples of a
+shape once it was seen a few times, a discounted least-squares line over all
+sizes before that); `StepCosts` holds one for the batched target step by
+(rows, block), one for a target forward by its activation rows alone (ragged
+steps and prompt pieces: `Planner.step_rows`), one for drafting rounds, and
+the drafter's catch-up rate. Split from planner.py, which decides with them.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+
+
+class ShapeCosts:
+    """Seconds of one kind of forward by shape, from measurements (see the module doc).
+
+    The median of a shape's last few samples once it has been seen a few
+    times; before that a discounted least-squares line t = a + b * size over
+    every observation (one sample of a shape, often a warm-up step that also
+    paid for first-touch memory, is too noisy to plan on alone). A median, not
+    a running mean: on a shared machine a step now and then takes far longer,
+    and a mean that such a hiccup pushed up can keep the planner off that
+    shape, which it then re-measures only at the next probe.
+    """
+
+    MIN_SAMPLES = 3  # samples of a shape before its own median replaces the line
+    RECENT = 5  # samples per shape the median is taken over (at least MIN_SAMPLES)
+    FORGET = 0.97  # per-observation discount of the line: costs drift (other load, longer caches)
+
+    def __init__(self, forget: float = FORGET) -> None:
+        self.forget = forget  # per-observation discount in the least-squares line
+        self.recent: dict[object, collections.deque] = {}  # shape -> its last RECENT samples
+        self._sums = [0.0] * 5  # discounted sums of w, w*n, w*n^2, w*t, w*n*t
+
+    def observe(self, shape: object, size: float, seconds: float) -> None:
+        self.recent.setdefault(shape, collections.deque(maxlen=self.RECENT)).append(seconds)
+        new = (1.0, size, size * size, seconds, size * seconds)
+        self._sums = [self.forget * s + x for s, x in zip(self._sums, new)]
+
+    def line(self) -> tuple[float, float]:
+        """(a, b) of t = a + b * size; b = 0 until observations of different sizes were seen."""
+        w, sn, snn, st, snt = self._sums
+        if w == 0.0:
+            return 0.0, 0.0
+        spread = w * snn - sn * sn
+        b = (w * snt - sn * st) / spread if spread > 1e-9 * max(w * snn, 1e-30) else 0.0
+        b = max(b, 0.0)
+        a = max((st - b * sn) / w, 0.0)
+        return a, b
+
+    def time(self, shape: object, size: float) -> float:
+        recent = self.recent.get(shape, ())
+        if len(recent) >= self.MIN_SAMPLES:
+            return statistics.median(recent)
+        a, b = self.line()
+        return a + b * size
+
+
+class StepCosts:
+    """What a step costs: the batched target forward by (rows, block), and one drafting round
+    (one drafter forward for the sequences drafting together) by how many sequences it serves."""
+
+    # Before a drafting round over several sequences was measured, assume each
+    # extra sequence adds a quarter of a one-sequence round: a weight-bound
+    # forward over a few rows costs little more than one (docs/design.md).
+    EXTRA_ROW_SHARE = 0.25
+    # Weight of a new catch-up sample in the drafter's per-token prefill rate:
+    # a running mean that follows drift without jumping at one sample.
+    CATCH_UP_SMOOTHING = 0.2
+
+    def __init__(self) -> None:
+        self.target = ShapeCosts()
+        self.rows = ShapeCosts()  # a target forward by its activation rows alone (ragged blocks, prompt pieces)
+        self.draft = ShapeCosts()
+        self.catch_up_per_token = 0.0  # drafter seconds per token it must catch up on (its prefill rate)
+
+    def observe_target(self, rows: int, block: int, seconds: float) -> None:
+        self.target.observe((rows, block), rows * block, seconds)
+
+    def target_time(self, rows: int, block: int) -> float:
+        return self.target.time((rows, block), rows * block)
+
+    def observe_rows(self, rows: int, seconds: float) -> None:
+        self.rows.observe(rows, rows, seconds)
+
+    def rows_time(self, rows: int) -> float:
+        return self.rows.time(rows, rows)
+
+    def observe_draft(self, rows: int, rounds: int, seconds: float) -> None:
+        """`rounds` drafting rounds over `rows` sequences each took `seconds` in all."""
+        self.draft.observe(rows, rows, seconds / rounds)
+
+    def draft_round_time(self, rows: int) -> float:
+        if rows > 1 and not any(shape > 1 for shape in self.draft.recent):
+            return self.draft.time(1, 1) * (1 + self.EXTRA_ROW_SHARE * (rows - 1))
+        return self.draft.time(rows, rows)
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        per_token = seconds / tokens
+        old = self.catch_up_per_token
+        a = self.CATCH_UP_SMOOTHING
+        self.catch_up_per_token = per_token if old == 0.0 else (1 - a) * old + a * per_token
