@@ -41,6 +41,16 @@ def target():
     return native_model("qwen2", seed=5)
 
 
+@pytest.fixture(autouse=True)
+def _pieces_pay(monkeypatch):
+    """auto (prefill_chunk None) chunks where pieces prefill nearly as fast as whole prompts; the tiny model's
+    own rates are whatever this machine gives, so the tests of auto's budget fix them (the decision itself:
+    test_auto_prefills_in_pieces_only_where_pieces_are_nearly_as_fast)."""
+    import augury.costs
+
+    monkeypatch.setattr(augury.costs, "prefill_rates", lambda model: (100.0, 100.0))
+
+
 def tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
@@ -288,3 +298,39 @@ def test_past_the_row_attention_limit_the_prefix_cache_changes_no_text_when_prom
         scheduler.stop()
     assert scheduler.prefix.hits == 2 and scheduler.prefix.saved_tokens >= 90 + 64
     assert cached == fresh, "rows served by the prefix cache changed a chunked prompt's text"
+
+
+@pytest.mark.parametrize("pieces, whole, chunked", [(100.0, 100.0, True), (75.0, 100.0, True), (50.0, 100.0, False)])
+def test_auto_prefills_in_pieces_only_where_pieces_are_nearly_as_fast(pieces, whole, chunked, target, monkeypatch):
+    """Where whole prompts prefill much faster than pieces (torch's matmuls on matrix units the kernel does not
+    use), auto keeps whole prompts; a number forces pieces, 0 forbids them, whatever the rates."""
+    import augury.costs
+
+    monkeypatch.setattr(augury.costs, "prefill_rates", lambda model: (pieces, whole))
+    assert Scheduler(target, None, SchedulerConfig(prefill_chunk=None)).chunked is chunked
+    assert Scheduler(target, None, SchedulerConfig(prefill_chunk=8)).chunked
+    assert not Scheduler(target, None, SchedulerConfig(prefill_chunk=0)).chunked
+    params = SamplingParams(max_tokens=4)
+    scheduler = Scheduler(target, None, SchedulerConfig(max_batch=2, prefill_chunk=None))
+    run_scheduler(scheduler, [(tokens(20, seed=1), params), (tokens(9, seed=2), params)])
+    assert scheduler.stats.prompts_in_pieces == (2 if chunked else 0)
+
+
+def test_prefill_rates_are_measured_once_and_kept(tmp_path, monkeypatch):
+    """The real measurement on the tiny model: two positive rates, read back from the file the second time."""
+    import augury.costs
+    from augury.costs import costs_path
+
+    monkeypatch.undo()  # the real prefill_rates
+    model = native_model("qwen2", seed=5)
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"")
+    model = type(model)(name=model.name, decoder=model.decoder, tokenizer=model.tokenizer, source=source)
+    monkeypatch.setenv("AUGURY_HOME", str(tmp_path / "home"))
+    pieces, whole = augury.costs.prefill_rates(model)
+    assert pieces > 0 and whole > 0
+    kept = costs_path(model).with_name(costs_path(model).name.replace("costs-", "prefill-"))
+    assert kept.exists()
+    calls = []
+    monkeypatch.setattr(model.decoder, "forward", lambda *a, **k: calls.append(a))
+    assert augury.costs.prefill_rates(model) == (pieces, whole) and not calls, "measured again"

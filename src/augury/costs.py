@@ -148,3 +148,58 @@ def cost_curve_for(model: Model, k_max: int) -> dict[int, float]:
         except OSError:
             pass  # a read-only home: measured again next time
     return measured
+
+
+# -- whether prompts pay for being prefilled in pieces (the server's --prefill-chunk auto) ---------------
+
+PIECES_PAY = 0.7  # pieces must prefill at least this share of a whole prompt's tokens per second
+PREFILL_PROBE_PIECES = 4  # the measured prompt, in row-attention limits (256 tokens at 64: a typical prompt)
+
+
+def prefill_rates(model: Model) -> tuple[float, float]:
+    """Tokens per second of a prompt of PREFILL_PROBE_PIECES times the row-attention limit prefilled in
+    pieces of that limit (the rows a step's ragged forward computes: the native layer's) and prefilled
+    whole (past the limit: one masked torch call, dequantized tiles on GGUF blocks), measured once per
+    model, machine and weight format and kept beside the cost curve.
+
+    Why measured: where torch's matmuls have matrix units the kernel does not use (AMX), a whole
+    prompt prefills about twice as fast as pieces (docs/benchmarks.md section 10); elsewhere the
+    two are close, and pieces cost a serving machine nothing.
+    """
+    path = costs_path(model).with_name(f"prefill-{cost_key(model)}.json")
+    try:
+        record = json.loads(path.read_text())
+        if record.get("version") == VERSION and record.get("key") == cost_key(model):
+            return float(record["pieces_tok_s"]), float(record["whole_tok_s"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    decoder = model.decoder
+    limit = decoder.row_attention_limit
+    n = PREFILL_PROBE_PIECES * limit
+    prompt = torch.randint(0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(0))
+    cache = decoder.new_cache(1, slots_for(n, 0))
+
+    def seconds(piece: int) -> float:
+        cache.reset()
+        t0 = time.perf_counter()
+        for start in range(0, n, piece):
+            decoder.forward(prompt[:, start : start + piece], cache, logits_rows=slice(-1, None))
+        return time.perf_counter() - t0
+
+    seconds(limit), seconds(n)  # warm-up (first touch of the weights, the kernels' scratch)
+    pieces, whole = n / seconds(limit), n / seconds(n)
+    source = model.source
+    if source.is_file() or (source / "config.json").exists():  # a real model, not a test's in-memory one
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, {"version": VERSION, "key": cost_key(model), "pieces_tok_s": pieces,
+                                     "whole_tok_s": whole, "prompt_tokens": n,
+                                     "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        except OSError:
+            pass  # a read-only home: measured again next time
+    return pieces, whole
+
+
+def pieces_pay(pieces_tok_s: float, whole_tok_s: float) -> bool:
+    """Whether prompts should be prefilled in pieces: they prefill at least PIECES_PAY as fast as whole."""
+    return pieces_tok_s >= PIECES_PAY * whole_tok_s

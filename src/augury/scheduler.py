@@ -91,7 +91,7 @@ class Scheduler:
         )
         if config.prefill_chunk is not None and (not isinstance(config.prefill_chunk, int) or config.prefill_chunk < 0):
             raise AuguryError(f"prefill chunk must be a whole number of tokens >= 0, got {config.prefill_chunk}")
-        self.chunked = config.prefill_chunk != 0 and target.decoder.ragged
+        self.chunked = self._prompts_in_pieces(target, config)
         # A prompt's piece with nothing else in the step: the decoder's row-attention limit (the
         # rows it computes row by row, the native layer's) unless a fixed chunk was asked for.
         self.piece_limit = config.prefill_chunk or target.decoder.row_attention_limit
@@ -111,6 +111,24 @@ class Scheduler:
         self._running: list[Ticket] = []  # running[i] owns pool row i
         self._thread: threading.Thread | None = None
         self._stopping = False
+
+    @staticmethod
+    def _prompts_in_pieces(target: Model, config: SchedulerConfig) -> bool:
+        """Whether prompts enter the steps in pieces: where the decoder has ragged rows and chunking is on;
+        for auto (None), where pieces prefill nearly as fast as a whole prompt on this machine
+        (`costs.prefill_rates`, measured once), since otherwise every prompt would cost serving
+        throughput (docs/benchmarks.md section 10)."""
+        if config.prefill_chunk == 0 or not target.decoder.ragged:
+            return False
+        if config.prefill_chunk is not None:
+            return True
+        from augury.costs import pieces_pay, prefill_rates
+
+        pieces, whole = prefill_rates(target)
+        chunked = pieces_pay(pieces, whole)
+        log.info("prompts prefill at %.0f tok/s in pieces, %.0f whole: %s", pieces, whole,
+                 "in pieces inside the steps" if chunked else "whole, as they are admitted (--prefill-chunk N forces pieces)")
+        return chunked
 
     def _prefix_caches(self, config: SchedulerConfig) -> tuple[PrefixCache | None, PrefixCache | None]:
         """The target's prefix cache and a model drafter's, the budget split by their bytes per token."""

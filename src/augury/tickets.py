@@ -72,9 +72,10 @@ class SchedulerConfig:
     probe_every: int = 16
     prefix_cache_bytes: int = 0  # K/V rows of earlier sequences kept for reuse, target and drafter together; 0: none
     prefix_block: int = DEFAULT_BLOCK  # tokens per prefix cache block
-    # Prompt tokens a step may feed beside the running streams' decode rows. None: the planner's budget
-    # from measured costs (Planner.prompt_budget); 0: every prompt prefilled whole, alone, at admission
-    # (also where the decoder has no ragged rows, Decoder.ragged).
+    # Prompt tokens a step may feed beside the running streams' decode rows. None (auto): the planner's
+    # budget from measured costs, where pieces prefill nearly as fast as whole prompts on this machine
+    # (Scheduler._prompts_in_pieces), else whole prompts; 0: every prompt prefilled whole, alone, at
+    # admission (also where the decoder has no ragged rows, Decoder.ragged).
     prefill_chunk: int | None = None
 
     def seq_capacity(self, context_length: int) -> int:
