@@ -372,7 +372,7 @@ def test_a_server_option_reaches_both_servers_and_a_bad_one_is_one_line(flag, va
 
 
 def test_chats_resend_the_whole_history_every_turn_and_time_each_turn():
-    from augury.bench.chats import FOLLOW_UP, run_chats
+    from augury.bench.chats import FOLLOW_UP, fresh, run_chats
     from tests.fake_openai import STREAMED, fake_openai
 
     bodies: list = []
@@ -384,8 +384,10 @@ def test_chats_resend_the_whole_history_every_turn_and_time_each_turn():
     reply = {"role": "assistant", "content": "".join(STREAMED)}
     follow = {"role": "user", "content": FOLLOW_UP}
     sent = [b["messages"] for b in bodies]
-    assert sent == [chat(PROMPTS[0]), chat(PROMPTS[0]) + [reply, follow], chat(PROMPTS[0]) + [reply, follow] * 2,
-                    chat(PROMPTS[1]), chat(PROMPTS[1]) + [reply, follow], chat(PROMPTS[1]) + [reply, follow] * 2]
+    first = [fresh(chat(PROMPTS[0]), 0), fresh(chat(PROMPTS[1]), 1)]
+    assert first[0] == [{"role": "user", "content": "Conversation 1.\n" + PROMPTS[0]}]
+    assert sent == [first[0], first[0] + [reply, follow], first[0] + [reply, follow] * 2,
+                    first[1], first[1] + [reply, follow], first[1] + [reply, follow] * 2]
     assert [(r.server, r.prompt, len(r.ttft_s)) for r in results] == [("llama-server", 0, 3), ("llama-server", 1, 3)]
     assert all(t > 0 for r in results for t in r.ttft_s)
 

@@ -52,8 +52,19 @@ def run_chat(client: EndpointContender, server: str, first: Messages, prompt: in
 
 def run_chats(client: EndpointContender, server: str, prompts: Sequence[Messages], turns: int, max_tokens: int,
               chats: int = DEFAULT_CHATS) -> list[ChatResult]:
-    """`chats` conversations (the first prompts), one after another."""
-    return [run_chat(client, server, prompts[i], i, turns, max_tokens) for i in range(min(chats, len(prompts)))]
+    """`chats` conversations (the first prompts), one after another. Each first turn opens with its own
+    line, so a prefix cache that holds the suite's prompts from the levels before cannot serve it: a
+    first turn's TTFT is its prefill, as a new conversation's is."""
+    return [run_chat(client, server, fresh(prompts[i], i), i, turns, max_tokens)
+            for i in range(min(chats, len(prompts)))]
+
+
+def fresh(messages: Messages, chat: int) -> Messages:
+    """The messages with the first user turn opened by a line naming the conversation."""
+    out = [dict(m) for m in messages]
+    first = next(m for m in out if m["role"] == "user")
+    first["content"] = f"Conversation {chat + 1}.\n{first['content']}"
+    return out
 
 
 def second_turn_ratio(results: Sequence[ChatResult]) -> float | None:
