@@ -13,10 +13,13 @@ KV memory is one preallocated pool of `max_batch` rows, each long enough for
 the longest sequence the server admits (kv_budget_tokens / max_batch slots).
 Running sequences occupy rows 0..n-1, so each step runs on a view of exactly
 those rows (no copies); when a sequence leaves, the last row moves into the
-hole (`KVCache.move_row`). A prompt is prefilled alone, straight into its row,
-never batched with other sequences: with the decoder's batch-invariant padding
-every sequence then gets the same logits, bit for bit, as it would decoding
-alone, and greedy output equals `Engine.generate`.
+hole (`KVCache.move_row`). A prompt either enters in pieces inside the steps
+(`prefill_chunk`: each step feeds `Request.piece` of its tokens beside the
+decode rows, the native layer's ragged rows; `_give_pieces` shares the budget)
+or is prefilled whole, alone, straight into its row at admission. Either way
+no row's bits depend on what ran beside it, and greedy output equals
+`Engine.generate` (for prompts past 64 tokens in pieces: equals the same
+prompt in pieces at any budget; README's contract).
 
 With a prefix cache (`prefix_cache.PrefixCache`, `prefix_cache_bytes` > 0) a
 new prompt's longest cached start is copied into its row and only the rest is
