@@ -141,13 +141,18 @@ def cost_curve_for(model: Model, k_max: int) -> dict[int, float]:
         return curve
     context = min(QUICK_CONTEXT, model.config.context_length - k_max - 16)
     measured = forward_curve(model, max(context, 1), list(wanted), repeats=QUICK_REPEATS)
-    source = model.source
-    if source.is_file() or (source / "config.json").exists():  # a real model, not a test's in-memory one
+    if _kept_on_disk(model):
         try:
             save_cost_curve(model, measured, context=context, weight_bytes=weight_bytes_per_step(model), floor_ms=0.0)
         except OSError:
             pass  # a read-only home: measured again next time
     return measured
+
+
+def _kept_on_disk(model: Model) -> bool:
+    """Whether a measurement of this model is kept beside its converted weights: a real model, not a
+    test's in-memory one."""
+    return model.source.is_file() or (model.source / "config.json").exists()
 
 
 # -- whether prompts pay for being prefilled in pieces (the server's --prefill-chunk auto) ---------------
@@ -162,9 +167,9 @@ def prefill_rates(model: Model) -> tuple[float, float]:
     whole (past the limit: one masked torch call, dequantized tiles on GGUF blocks), measured once per
     model, machine and weight format and kept beside the cost curve.
 
-    Why measured: where torch's matmuls have matrix units the kernel does not use (AMX), a whole
-    prompt prefills about twice as fast as pieces (docs/benchmarks.md section 10); elsewhere the
-    two are close, and pieces cost a serving machine nothing.
+    Why measured: on the AVX-512 path of an Intel CPU with AMX a whole prompt prefilled 1.6x faster
+    than pieces (docs/benchmarks.md section 10); with the AVX2 kernel the two were close, and there
+    pieces cost a serving machine nothing.
     """
     path = costs_path(model).with_name(f"prefill-{cost_key(model)}.json")
     try:
@@ -188,8 +193,7 @@ def prefill_rates(model: Model) -> tuple[float, float]:
 
     seconds(limit), seconds(n)  # warm-up (first touch of the weights, the kernels' scratch)
     pieces, whole = n / seconds(limit), n / seconds(n)
-    source = model.source
-    if source.is_file() or (source / "config.json").exists():  # a real model, not a test's in-memory one
+    if _kept_on_disk(model):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(path, {"version": VERSION, "key": cost_key(model), "pieces_tok_s": pieces,

@@ -83,22 +83,27 @@ def prefill(target: Model, request: Request, cache: KVCache, cached: int = 0) ->
     logits, hidden = decoder.forward_states(tokens, cache, logits_rows=slice(-1, None),
                                             states=layers if wants_hidden else None)
     request.stats.target_forwards += 1
+    deltas = _first_token(request, logits[0, -1:])
     request.stats.prefill_s = time.perf_counter() - t0
-    return _first_token(request, logits[0, -1:], hidden[0] if hidden is not None else None)
+    _start_eagerly(request, hidden[0] if hidden is not None else None)
+    return deltas
 
 
-def _first_token(request: Request, last: Tensor, prompt_hidden: Tensor | None) -> list[str]:
-    """Commit the token drawn from the prompt's last row (logits [1, V]) and start an eager proposer
-    with the prompt's states ([prompt length, H'], for those that read them); returns text deltas."""
+def _first_token(request: Request, last: Tensor) -> list[str]:
+    """Commit the token drawn from the prompt's last row (logits [1, V]); returns text deltas."""
     seq = request.seq
     probs = probabilities(last, request.params, seq.prompt, seq.output)
     token = draw(probs[0], seq, position=0)
-    deltas = request.commit([token], last)
+    return request.commit([token], last)
+
+
+def _start_eagerly(request: Request, prompt_hidden: Tensor | None) -> None:
+    """Start a proposer that starts with the prompt (prompt_hidden: [prompt length, H'], for those that
+    read the prompt's states)."""
     if starts_eagerly(request.proposer) and not request.done:
         t1 = time.perf_counter()
         request.start(prompt_hidden)
         request.stats.draft_s += time.perf_counter() - t1
-    return deltas
 
 
 @dataclass(frozen=True)
@@ -212,7 +217,8 @@ def step(target: Model, requests: list[Request], cache: KVCache) -> StepReport:
         before = len(request.seq.tokens)
         try:
             if request.prefilling:
-                result, text = None, _prompt_piece(request, len(blocks[b]), per_seq[b], hidden, b)
+                piece_states = hidden[b] if hidden is not None else None
+                result, text = None, _prompt_piece(request, len(blocks[b]), per_seq[b], piece_states)
             else:
                 result, text = _verify_and_commit(request, per_seq[b])
         except Exception as exc:  # reported per request; the others go on
@@ -242,21 +248,23 @@ def step(target: Model, requests: list[Request], cache: KVCache) -> StepReport:
     return StepReport(results, deltas, failures, width, forward_s, seconds, rows, prompt_rows)
 
 
-def _prompt_piece(request: Request, fed: int, logits: Tensor, hidden: list[Tensor] | None, b: int) -> list[str]:
-    """A piece of `fed` prompt tokens went through the forward: count it, keep its states for a proposer
-    that reads the prompt's, and after the last piece commit the first token (logits [1, V])."""
+def _prompt_piece(request: Request, fed: int, logits: Tensor, states: Tensor | None) -> list[str]:
+    """A piece of `fed` prompt tokens went through the forward: count it, keep its states ([fed, H']) for
+    a proposer that reads the prompt's, and after the last piece commit the first token (logits [1, V])."""
     if not fed:
         return []
     request.stats.target_forwards += 1
     request.prompt_cached += fed
-    if hidden is not None and needs_prompt_states(request.proposer):
-        request.prompt_states.append(hidden[b])
+    if states is not None and needs_prompt_states(request.proposer):
+        request.prompt_states.append(states)
     if request.prompt_cached < len(request.seq.tokens):
         return []
     request.prompt_cached = None
-    states = torch.cat(request.prompt_states) if request.prompt_states else None
+    prompt_hidden = torch.cat(request.prompt_states) if request.prompt_states else None
     request.prompt_states = []
-    return _first_token(request, logits[-1:], states)
+    deltas = _first_token(request, logits[-1:])
+    _start_eagerly(request, prompt_hidden)
+    return deltas
 
 
 def _verify_and_commit(request: Request, logits: Tensor) -> tuple[VerifyResult, list[str]]:
