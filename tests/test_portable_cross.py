@@ -1,15 +1,15 @@
-"""The portable kernel and layer bodies built without torch, natively and for aarch64 under qemu-user.
+"""The kernel and layer bodies built without torch, natively and for aarch64 under qemu-user.
 
 `tests/cross/portable_check.cpp` compiles the same headers the extension does
 (src/augury/kernels/csrc, with a two-function stand-in for ATen/Parallel.h) and
 runs one matmul over every block format and one decoder layer per architecture
 from a file of arrays. Its results must be bitwise the extension's portable
 path on this machine (which the kernel tests compare with reference.py). Built
-for this CPU, that checks the driver itself; cross-compiled for aarch64 (the
-loops vectorised for NEON by the compiler) and run under qemu-user, it checks
-that the portable path gives the same bits on an Arm CPU. The Arm half needs
-Debian's g++-aarch64-linux-gnu and qemu-user (`make cross-tools`) and is
-skipped, saying so, where they are missing.
+for this CPU, that checks the driver itself; cross-compiled for aarch64 and run
+under qemu-user, it checks that the portable variant (the loops vectorised by
+the compiler) and the NEON dot-product variant (ops_neon.h) give the same bits
+on an Arm CPU. The Arm half needs Debian's g++-aarch64-linux-gnu and qemu-user
+(`make cross-tools`) and is skipped, saying so, where they are missing.
 """
 
 from __future__ import annotations
@@ -151,16 +151,17 @@ def cases(kernel):
     return [("matmul", *_matmul_case(kernel))] + [(arch, *_layer_case(kernel, arch)) for arch in ("qwen2", "gemma3")]
 
 
-def _check(binary: list[str], cases, tmp_path: Path, env: dict[str, str]) -> None:
+def _check(binary: list[str], isa: str, cases, tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
     for name, sent, expected in cases:
-        src, dst = tmp_path / f"{name}.in", tmp_path / f"{name}.out"
+        src, dst = tmp_path / f"{name}.in", tmp_path / f"{name}-{isa}.out"
         _write(src, sent)
-        done = subprocess.run([*binary, str(src), str(dst)], capture_output=True, text=True, timeout=600, env=env)
-        assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
+        done = subprocess.run([*binary, isa, str(src), str(dst)], capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, f"{isa}, {name}: {done.stderr[-2000:]}"
         got = _read(dst)
         assert sorted(got) == sorted(expected), name
         for key, want in expected.items():
-            assert torch.equal(got[key], want.reshape(-1)), f"{name}: {key} differs from the extension's portable path"
+            assert torch.equal(got[key], want.reshape(-1)), f"{isa}, {name}: {key} differs from the extension's portable path"
 
 
 def test_the_torch_free_build_gives_the_extensions_bits(cases, tmp_path):
@@ -169,13 +170,37 @@ def test_the_torch_free_build_gives_the_extensions_bits(cases, tmp_path):
     if compiler is None:
         pytest.skip("no C++ compiler here")
     _build(compiler, tmp_path / "check", [])
-    _check([str(tmp_path / "check")], cases, tmp_path, {**os.environ, "OMP_NUM_THREADS": "2"})
+    _check([str(tmp_path / "check")], "portable", cases, tmp_path)
 
 
-def test_aarch64_portable_path_gives_the_same_bits(cases, tmp_path):
-    """Cross-compiled for aarch64 (NEON by the compiler's vectoriser) and run under qemu-user, two threads."""
+@pytest.mark.parametrize("isa", ["portable", "neon"])
+def test_aarch64_variants_give_the_same_bits(isa, cases, arm_binary, tmp_path):
+    """Cross-compiled for aarch64 and run under qemu-user (whose default CPU has the dot-product
+    instructions), two threads."""
+    _check([ARM_TOOLS[1], str(arm_binary)], isa, cases, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def arm_binary(tmp_path_factory) -> Path:
     missing = [tool for tool in ARM_TOOLS if shutil.which(tool) is None]
     if missing:
         pytest.skip(f"{' and '.join(missing)} not installed (Debian: g++-aarch64-linux-gnu qemu-user; make cross-tools)")
-    _build(ARM_TOOLS[0], tmp_path / "check-arm", ["-static"])
-    _check([ARM_TOOLS[1], str(tmp_path / "check-arm")], cases, tmp_path, {**os.environ, "OMP_NUM_THREADS": "2"})
+    binary = tmp_path_factory.mktemp("arm") / "check"
+    _build(ARM_TOOLS[0], binary, ["-static"])
+    return binary
+
+
+def test_the_extension_compiles_for_aarch64():
+    """gguf_matmul.cpp with its aarch64 dispatch (hwcaps, the NEON variant) passes the cross compiler's
+    front end against this machine's torch and Python headers: a syntax and type check, not a build."""
+    if shutil.which(ARM_TOOLS[0]) is None:
+        pytest.skip(f"{ARM_TOOLS[0]} not installed (Debian: g++-aarch64-linux-gnu; make cross-tools)")
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    includes = [f"-I{p}" for p in [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]]
+    command = [ARM_TOOLS[0], "-std=c++17", "-fsyntax-only", "-fopenmp", "-Wno-psabi", "-DTORCH_EXTENSION_NAME=check",
+               *includes, str(CSRC / "gguf_matmul.cpp")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -1,8 +1,9 @@
-// The portable kernel and layer bodies (src/augury/kernels/csrc) without torch, driven by a file of
-// named arrays, so that tests/test_portable_cross.py can build them for another CPU (aarch64 with a
-// cross compiler, run under qemu-user) and compare their bits with the x86 extension's portable path.
+// The kernel and layer bodies (src/augury/kernels/csrc) without torch, driven by a file of named
+// arrays, so that tests/test_portable_cross.py can build them for another CPU (aarch64 with a cross
+// compiler, run under qemu-user) and compare their bits with the x86 extension's portable path.
 //
-//   portable_check IN OUT   IN: records written by the test; OUT: records of the results
+//   portable_check ISA IN OUT   ISA: portable, or neon (aarch64 builds); IN: records written by the
+//                               test; OUT: records of the results
 //
 // A record: u32 name length, the name, u8 type (0 f32, 1 i64, 2 u8, 3 bf16 bits), i64 count, the
 // values in little-endian order. The test names what it sends: "mm.*" for one matmul, "layer.*" for
@@ -21,6 +22,13 @@
 
 #include "common.h"
 #include "ops_portable.h"
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+
+#include "ops_neon.h"
+#endif
 
 namespace {
 
@@ -96,15 +104,32 @@ struct Inputs {
   }
 };
 
-void run_matmul(Inputs& in, std::FILE* out) {
+// One instruction set's entry points, as gguf_matmul.cpp's IsaFns.
+struct Fns {
+  void (*matmul)(const float*, int64_t, const MatDesc&, const float*, void*, bool, int64_t);
+  void (*layer)(const LayerDesc&, const LayerIO&);
+};
+
+Fns isa_fns(const std::string& isa) {
+  if (isa == "portable") return {portable::body::matmul, portable::layer::forward};
+#if defined(__aarch64__)
+  if (isa == "neon") {
+    if (!(getauxval(AT_HWCAP) & HWCAP_ASIMDDP)) fail("this CPU has no NEON dot-product instructions");
+    return {neon::body::matmul, neon::layer::forward};
+  }
+#endif
+  fail("this build has no " + isa + " variant");
+}
+
+void run_matmul(const Fns& fns, Inputs& in, std::FILE* out) {
   const int64_t* shape = in.i64("mm.shape");  // [R, n_in]
   MatDesc m = in.matrix("mm.w", shape[1]);
   std::vector<float> y(shape[0] * m.n_out);
-  portable::body::matmul(in.f32("mm.x"), shape[0], m, in.f32_or_null("mm.bias"), y.data(), false, m.n_out);
+  fns.matmul(in.f32("mm.x"), shape[0], m, in.f32_or_null("mm.bias"), y.data(), false, m.n_out);
   write_record(out, "mm.y", 0, y.data(), static_cast<int64_t>(y.size()));
 }
 
-void run_layer(Inputs& in, std::FILE* out) {
+void run_layer(const Fns& fns, Inputs& in, std::FILE* out) {
   const int64_t* shape = in.i64("layer.shape");  // [R, hidden, n_heads, n_kv, head_dim, gelu, slots]
   const float* eps_scale = in.f32("layer.eps_scale");
   LayerDesc L;
@@ -145,7 +170,7 @@ void run_layer(Inputs& in, std::FILE* out) {
   io.extra_slots = in.i64("layer.extra_slots");
   io.cos = in.f32("layer.cos");
   io.sin = in.f32("layer.sin");
-  portable::layer::forward(L, io);
+  fns.layer(L, io);
   write_record(out, "layer.x", 0, x.bytes.data(), x.count);
   write_record(out, "layer.keys", 3, keys.bytes.data(), keys.count);
   write_record(out, "layer.values", 3, values.bytes.data(), values.count);
@@ -154,12 +179,13 @@ void run_layer(Inputs& in, std::FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) fail("usage: portable_check IN OUT");
-  Inputs in{read_records(argv[1])};
-  std::FILE* out = std::fopen(argv[2], "wb");
-  if (!out) fail(std::string("cannot write ") + argv[2]);
-  if (in.has("mm.shape")) run_matmul(in, out);
-  if (in.has("layer.shape")) run_layer(in, out);
+  if (argc != 4) fail("usage: portable_check ISA IN OUT");
+  const Fns fns = isa_fns(argv[1]);
+  Inputs in{read_records(argv[2])};
+  std::FILE* out = std::fopen(argv[3], "wb");
+  if (!out) fail(std::string("cannot write ") + argv[3]);
+  if (in.has("mm.shape")) run_matmul(fns, in, out);
+  if (in.has("layer.shape")) run_layer(fns, in, out);
   std::fclose(out);
   return 0;
 }

@@ -2,9 +2,10 @@
 // y[R, out] = x[R, in] @ W^T (kernel_body.h) and one decoder layer (layer_body.h).
 //
 // Built at first use by augury/kernels/extension.py (torch.utils.cpp_extension.load).
-// The bodies are compiled three times: for AVX-512 VNNI and for AVX2 in `#pragma GCC target`
-// regions (x86 only), and as portable C++ without intrinsics (any CPU); the variant is chosen at
-// run time by cpuid (or AUGURY_ISA), so the library needs no -march flags and loads on any CPU.
+// The bodies are compiled for AVX-512 VNNI and for AVX2 in `#pragma GCC target` regions (x86),
+// for NEON with the dot-product instructions (aarch64), and as portable C++ without intrinsics
+// (any CPU); the variant is chosen at run time by cpuid or the kernel's hwcaps (or AUGURY_ISA), so
+// the library needs no -march flags and loads on any CPU of its architecture.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -13,6 +14,12 @@
 #if defined(__x86_64__) || defined(__i386__)
 #define AUGURY_X86 1
 #include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#define AUGURY_ARM 1
+#include <arm_neon.h>
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
 #endif
 
 #include <algorithm>
@@ -29,6 +36,9 @@
 #include "ops_avx2.h"
 #include "ops_avx512.h"
 #endif
+#if AUGURY_ARM
+#include "ops_neon.h"
+#endif
 
 // ---------------------------------------------------------------------------------------------
 
@@ -44,12 +54,15 @@ bool cpu_has(const std::string& isa) {
            __builtin_cpu_supports("avx512vnni");
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
+#if AUGURY_ARM
+  if (isa == "neon") return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#endif
   return false;
 }
 
 std::vector<std::string> available_isas() {
   std::vector<std::string> out;
-  for (const char* name : {"avx512", "avx2", "portable"})
+  for (const char* name : {"avx512", "avx2", "neon", "portable"})
     if (cpu_has(name)) out.emplace_back(name);
   return out;
 }
@@ -66,11 +79,17 @@ const IsaFns& isa_fns(const std::string& isa) {
   static const IsaFns avx2_fns{avx2::body::matmul, avx2::layer::forward};
   static const IsaFns avx512_fns{avx512::body::matmul, avx512::layer::forward};
 #endif
+#if AUGURY_ARM
+  static const IsaFns neon_fns{neon::body::matmul, neon::layer::forward};
+#endif
   const std::string use = isa == "auto" ? available_isas().front() : isa;
   TORCH_CHECK(cpu_has(use), "this CPU cannot run the ", use, " kernel");
 #if AUGURY_X86
   if (use == "avx512") return avx512_fns;
   if (use == "avx2") return avx2_fns;
+#endif
+#if AUGURY_ARM
+  if (use == "neon") return neon_fns;
 #endif
   return portable_fns;
 }
@@ -286,7 +305,7 @@ std::vector<int64_t> layout_of(int64_t kind) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "augury's GGUF block matmul (AVX-512 VNNI / AVX2 / portable C++)";
+  m.doc() = "augury's GGUF block matmul (AVX-512 VNNI / AVX2 / NEON dot product / portable C++)";
   m.def("linear", &linear, "y = x @ W^T + bias on repacked GGUF parts", py::arg("x"), py::arg("packed"),
         py::arg("kinds"), py::arg("rows"), py::arg("bias"), py::arg("isa") = "auto",
         // A step's matmuls hold no Python objects: without the GIL, the server's
