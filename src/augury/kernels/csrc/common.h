@@ -66,6 +66,14 @@ struct MatDesc {
   }
 };
 
+// float -> bfloat16 bits, rounded to nearest even as torch rounds, NaN -> a quiet NaN (every
+// variant's scalar bf16 stores; AVX-512's vector store does the same per lane).
+inline uint16_t bf16_bits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  return v != v ? 0x7FC0 : static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
 // Thread th's equal share [lo, hi) of n items among nt threads.
 inline void share(int64_t n, int64_t th, int64_t nt, int64_t& lo, int64_t& hi) {
   lo = n * th / nt;

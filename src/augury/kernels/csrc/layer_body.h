@@ -28,12 +28,7 @@ inline float load(const uint16_t* p, int64_t i) {
   return f;
 }
 inline void store(float* p, int64_t i, float v) { p[i] = v; }
-// Round to nearest even (torch's float -> bfloat16), NaN -> quiet NaN.
-inline void store(uint16_t* p, int64_t i, float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, 4);
-  p[i] = v != v ? 0x7FC0 : static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-}
+inline void store(uint16_t* p, int64_t i, float v) { p[i] = bf16_bits(v); }
 
 // sum_i a[i] * b[i]: lane l sums the terms i = l (mod 16) in order, then the lanes add as a tree.
 template <typename T>

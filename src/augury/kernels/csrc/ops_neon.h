@@ -115,11 +115,7 @@ inline void store_partial_f(float* p, F v, int64_t n) {
 inline void store_bf16(uint16_t* p, F v, int64_t n) {
   alignas(16) float t[16];
   store_f(t, v);
-  for (int64_t i = 0; i < std::min<int64_t>(n, 16); ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &t[i], 4);
-    p[i] = (t[i] != t[i]) ? 0x7FC0 : static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-  }
+  for (int64_t i = 0; i < std::min<int64_t>(n, 16); ++i) p[i] = bf16_bits(t[i]);
 }
 
 inline float amax32(const float* x) {

@@ -123,11 +123,7 @@ inline F load_partial_f(const float* p, int64_t n) {
 }
 inline void store_partial_f(float* p, F v, int64_t n) { std::memcpy(p, v.v, sizeof(float) * std::min<int64_t>(n, 16)); }
 inline void store_bf16(uint16_t* p, F v, int64_t n) {
-  for (int64_t i = 0; i < std::min<int64_t>(n, 16); ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &v.v[i], 4);
-    p[i] = (v.v[i] != v.v[i]) ? 0x7FC0 : static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-  }
+  for (int64_t i = 0; i < std::min<int64_t>(n, 16); ++i) p[i] = bf16_bits(v.v[i]);
 }
 
 inline float amax32(const float* x) {
