@@ -27,11 +27,14 @@ import torch
 from augury.kernels import extension as ext_module
 from augury.kernels import packing, reference
 from augury.kernels.weight import GgufWeight
+from augury.models.native_layers import kernel_matrix
 from tests.native_tiny import native_config, native_weights
 
 HERE = Path(__file__).parent / "cross"
 CSRC = Path(ext_module.__file__).parent / "csrc"
 TYPES = {torch.float32: 0, torch.int64: 1, torch.uint8: 2, torch.bfloat16: 3}
+NUMPY = {torch.float32: np.dtype("<f4"), torch.int64: np.dtype("<i8"), torch.uint8: np.dtype("u1"),
+         torch.bfloat16: np.dtype("<i2")}
 FLAGS = ["-std=c++17", "-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", f"-I{HERE / 'shim'}", f"-I{CSRC}"]
 ARM_TOOLS = ("aarch64-linux-gnu-g++", "qemu-aarch64")
 
@@ -61,22 +64,16 @@ def _read(path: Path) -> dict[str, torch.Tensor]:
         code, count = struct.unpack_from("<Bq", data, at + 4 + length)
         at += 4 + length + 9
         dtype = dtypes[code]
-        raw_type = torch.int16 if dtype == torch.bfloat16 else dtype
-        size = torch.tensor([], dtype=raw_type).element_size() * count
-        values = torch.from_numpy(np.frombuffer(data[at : at + size], dtype=np.dtype(str(raw_type).split(".")[1])).copy())
-        out[name] = values.view(dtype) if dtype == torch.bfloat16 else values
-        at += size
+        raw = NUMPY[dtype]  # bf16 travels as its 16-bit patterns
+        values = torch.from_numpy(np.frombuffer(data, dtype=raw, count=count, offset=at).copy())
+        out[name] = values.view(dtype)
+        at += count * raw.itemsize
     return out
-
-
-def _matrix_args(weight: GgufWeight) -> tuple[list[torch.Tensor], list[int], list[int]]:
-    """(packed parts, kind ids, rows): a matrix as the extension takes it."""
-    return [p.data for p in weight.parts], [packing.KIND_ID[p.kind] for p in weight.parts], [p.rows for p in weight.parts]
 
 
 def _matrix(prefix: str, weight: GgufWeight) -> dict[str, torch.Tensor]:
     """The same matrix as records: "<prefix>.kinds", "<prefix>.rows" and "<prefix>.part<i>"."""
-    parts, kinds, rows = _matrix_args(weight)
+    parts, kinds, rows = kernel_matrix(weight)
     return {f"{prefix}.kinds": torch.tensor(kinds), f"{prefix}.rows": torch.tensor(rows),
             **{f"{prefix}.part{i}": part for i, part in enumerate(parts)}}
 
@@ -91,7 +88,7 @@ def _matmul_case(kernel) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tenso
     assert all(p.packed for p in weight.parts)
     x = torch.randn(3, n_in, generator=gen)
     bias = torch.randn(weight.shape[0], generator=gen)
-    y = kernel.linear(x, *_matrix_args(weight), bias, isa="portable")
+    y = kernel.linear(x, *kernel_matrix(weight), bias, isa="portable")
     sent = {"mm.shape": torch.tensor([3, n_in]), "mm.x": x, "mm.bias": bias, **_matrix("mm.w", weight)}
     return sent, {"mm.y": y}
 
@@ -118,8 +115,8 @@ def _layer_case(kernel, arch: str) -> tuple[dict[str, torch.Tensor], dict[str, t
     optional = {name: getattr(layer, name) for name in ("bqkv", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")}
     native = kernel.NativeLayer(
         attn_norm=layer.attn_norm, mlp_norm=layer.mlp_norm,
-        qkv=_matrix_args(layer.wqkv), wo=_matrix_args(layer.wo), gate_up=_matrix_args(layer.w_gate_up),
-        down=_matrix_args(layer.w_down), **optional, n_heads=c.num_heads, n_kv=c.num_kv_heads, head_dim=d,
+        qkv=kernel_matrix(layer.wqkv), wo=kernel_matrix(layer.wo), gate_up=kernel_matrix(layer.w_gate_up),
+        down=kernel_matrix(layer.w_down), **optional, n_heads=c.num_heads, n_kv=c.num_kv_heads, head_dim=d,
         eps=c.rms_eps, scale=scale, gelu=c.activation == "gelu_tanh", isa="portable",
     )
     sent = {

@@ -97,7 +97,8 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"speculative : {s.tokens_per_s:.2f} tok/s ({s.generated_tokens} tokens)")
     note = engine.last_plan
     if note is not None and note.settled_k == 0:  # plain steps both ways: any ratio is run-to-run noise
-        print(f"speed-up    : none: the planner settled on plain steps (measured {ratio:.2f}x: its warm-up drafts and run-to-run noise)")
+        print(f"speed-up    : none: the planner settled on plain steps (measured {ratio:.2f}x: its warm-up "
+              "drafts and run-to-run noise)")
     elif ratio >= 1.0:
         print(f"speed-up    : {ratio:.2f}x")
     else:  # a loss is not a speed-up: say so, and why

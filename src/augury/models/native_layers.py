@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 _EMPTY = torch.zeros(0, dtype=torch.long)
 
 
-def _matrix(weight) -> tuple[list[Tensor], list[int], list[int]]:
+def kernel_matrix(weight) -> tuple[list[Tensor], list[int], list[int]]:
+    """(packed parts, kind ids, rows): a GGUF weight as the extension's NativeLayer takes a matrix."""
     return [p.data for p in weight.parts], [packing.KIND_ID[p.kind] for p in weight.parts], [p.rows for p in weight.parts]
 
 
@@ -50,8 +51,8 @@ class NativeStack:
         self.layers = [
             kernel.NativeLayer(
                 attn_norm=_f32(layer.attn_norm), mlp_norm=_f32(layer.mlp_norm),
-                qkv=_matrix(layer.wqkv), wo=_matrix(layer.wo), gate_up=_matrix(layer.w_gate_up),
-                down=_matrix(layer.w_down), bqkv=_f32(layer.bqkv), q_norm=_f32(layer.q_norm),
+                qkv=kernel_matrix(layer.wqkv), wo=kernel_matrix(layer.wo), gate_up=kernel_matrix(layer.w_gate_up),
+                down=kernel_matrix(layer.w_down), bqkv=_f32(layer.bqkv), q_norm=_f32(layer.q_norm),
                 k_norm=_f32(layer.k_norm), post_attn_norm=_f32(layer.post_attn_norm),
                 post_mlp_norm=_f32(layer.post_mlp_norm), n_heads=c.num_heads, n_kv=c.num_kv_heads,
                 head_dim=c.head_dim, eps=c.rms_eps, scale=scale, gelu=c.activation == "gelu_tanh", isa=isa,
