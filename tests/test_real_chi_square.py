@@ -11,9 +11,9 @@ verification commits) are compared with plain decoding's exact distribution,
 enumerated with the plain path's own forwards (a prefill, then one-token
 steps), by a chi-square at N >= 10000 samples (AUGURY_REAL_CHI_SAMPLES).
 
-Every request has the same prompt, so its prefill runs once per group of 16
-(one forward over 16 copies of the prompt) instead of once per request: the
-drawn first token and everything after it are each request's own.
+Every request has the same prompt, so its prefill runs once, alone, and each
+request's cache row starts from a copy of it: the drawn first token and
+everything after it are each request's own.
 """
 
 from __future__ import annotations
@@ -78,15 +78,24 @@ def plain_distribution(model, prompt: list[int], params: SamplingParams) -> dict
 
 
 def speculative_samples(target, proposer, prompt: list[int], params: list[SamplingParams]) -> list[GenerationResult]:
-    """Each params' first LENGTH output tokens, BATCH requests sharing every draft and step."""
+    """Each params' first LENGTH output tokens, BATCH requests sharing every draft and step.
+
+    The prompt is prefilled once, alone, as plain decoding prefills it; every
+    request's cache row starts as a copy of those keys and values, and its
+    first token is drawn from that forward's p_target with its own generator.
+    """
+    decoder = target.decoder
+    alone = decoder.new_cache(1, len(prompt))
+    logits = decoder.forward(torch.tensor([prompt]), alone, logits_rows=slice(-1, None))
+    keys, values = alone.copy_rows(0, 0, len(prompt))
     results = []
     for start in range(0, len(params), BATCH):
         group = [Request(target, prompt, p, proposer) for p in params[start : start + BATCH]]
-        cache = target.decoder.new_cache(len(group), len(prompt) + LENGTH + 2 * K + 8)
-        logits = target.decoder.forward(torch.tensor([prompt] * len(group)), cache, logits_rows=slice(-1, None))
+        cache = decoder.new_cache(len(group), len(prompt) + LENGTH + 2 * K + 8)
         for b, request in enumerate(group):  # the prefill's token, drawn as `step.prefill` draws it
+            cache.fill(b, keys, values)
             seq = request.seq
-            p_target = probabilities(logits[b, -1:], request.params, seq.prompt, seq.output)
+            p_target = probabilities(logits[0, -1:], request.params, seq.prompt, seq.output)
             request.commit([draw(p_target[0], seq, position=0)])
         while any(len(r.seq.output) < LENGTH for r in group):
             draft(proposer, group, [K] * len(group))
