@@ -41,11 +41,17 @@ cross-tools:
 		echo "cross-tools: apt-get could not install $$pkgs; the aarch64 test will be skipped"; \
 	else echo "cross-tools: not root or no apt-get; the aarch64 test will be skipped"; fi
 
+# Two pytest-xdist workers: most of the suite is single-threaded Python over tiny models, which two
+# processes run in about half the time on two cores. Tests on real models run in order on one worker
+# (tests/conftest.py groups them). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
 test: $(STAMP) cross-tools
-	$(BIN)/python -m pytest -q tests
+	$(PYTEST) tests
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not real and not slow" tests
+	$(PYTEST) -m "not real and not slow" tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -34,15 +34,22 @@ def _current_rss_gb() -> float:
         return float("nan")
 
 
-class _PeakRaisers:
-    """The tests that raised the session's peak memory, with what was resident after each.
+class _Memory:
+    """The session's peak memory, and the tests that raised it, with what was resident after each.
 
     A peak over the bound names its cause: one test that needs a lot (a large
     rise) or memory that outlives its tests (a resident size that only grows).
+    Under pytest-xdist (`make test` runs two workers) each worker sends its own
+    peak and rises to the controller, which bounds their sum: the workers run
+    at the same time, so the sum is what the machine may have to hold.
     """
 
     def __init__(self) -> None:
         self.rises: list[tuple[float, float, str]] = []  # (rise GB, resident after GB, test id)
+        self.worker_peaks: dict[str, float] = {}
+
+    def total_gb(self) -> float:
+        return _peak_rss_gb() + sum(self.worker_peaks.values())
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
@@ -52,24 +59,62 @@ class _PeakRaisers:
         if rise > 0.25:
             self.rises.append((rise, _current_rss_gb(), item.nodeid))
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:  # controller: a worker finished
+        output = getattr(node, "workeroutput", None) or {}
+        if "augury_peak_rss_gb" in output:
+            self.worker_peaks[node.gateway.id] = output["augury_peak_rss_gb"]
+            self.rises.extend(tuple(rise) for rise in output["augury_rises"])
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session, exitstatus) -> None:
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:  # a worker: the controller judges the sum
+            workeroutput["augury_peak_rss_gb"] = _peak_rss_gb()
+            workeroutput["augury_rises"] = [list(rise) for rise in self.rises]
+            return
+        if self.total_gb() > MAX_RSS_GB and exitstatus == 0:
+            session.exitstatus = 1
+            print(f"\nthe test session's peak memory {self.total_gb():.2f} GB is over the bound of {MAX_RSS_GB:g} GB",
+                  file=sys.stderr)
+
 
 def pytest_configure(config) -> None:
-    config.pluginmanager.register(_PeakRaisers(), "augury-peak-raisers")
+    config.pluginmanager.register(_Memory(), "augury-memory")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under `--dist loadgroup`, tests on real models share one worker, and the other tests of a module stay together.
+
+    Real-model tests load the same GGUF files and use two threads each: one
+    worker runs them in order (its model caches stay warm, and the machine
+    holds one worker's models at a time), first, since together they are the
+    longest unit. The slow tiny-model batteries come next, one unit each, so
+    that they spread over the workers; every other test runs with the rest of
+    its module, whose fixtures are then set up once.
+    """
+    if getattr(config, "workerinput", None) is None or config.getvalue("dist") != "loadgroup":
+        return
+
+    def order(item) -> int:  # with --no-loadscope-reorder the scheduler hands out groups in this order
+        return 0 if item.get_closest_marker("real") else 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=order)  # stable: each module's tests keep their order
+    for item in items:
+        if item.get_closest_marker("real"):
+            item.add_marker(pytest.mark.xdist_group("real"))
+        elif not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    terminalreporter.write_line(f"peak memory (RSS) of the test session: {_peak_rss_gb():.2f} GB "
-                                f"(bound {MAX_RSS_GB:g} GB, AUGURY_TEST_MAX_RSS_GB)")
-    raisers = terminalreporter.config.pluginmanager.get_plugin("augury-peak-raisers")
-    for rise, resident, nodeid in sorted(raisers.rises, reverse=True)[:6]:
+    memory = terminalreporter.config.pluginmanager.get_plugin("augury-memory")
+    workers = "".join(f", worker {name} {gb:.2f} GB" for name, gb in sorted(memory.worker_peaks.items()))
+    terminalreporter.write_line(f"peak memory (RSS) of the test session: {memory.total_gb():.2f} GB "
+                                f"(bound {MAX_RSS_GB:g} GB, AUGURY_TEST_MAX_RSS_GB{workers})")
+    for rise, resident, nodeid in sorted(memory.rises, reverse=True)[:6]:
         terminalreporter.write_line(f"  raised the peak {rise:.2f} GB (resident after: {resident:.2f} GB): {nodeid}")
-
-
-def pytest_sessionfinish(session, exitstatus) -> None:
-    if _peak_rss_gb() > MAX_RSS_GB and exitstatus == 0:
-        session.exitstatus = 1
-        print(f"\nthe test session's peak memory {_peak_rss_gb():.2f} GB is over the bound of {MAX_RSS_GB:g} GB",
-              file=sys.stderr)
 
 
 @pytest.fixture(autouse=True)
