@@ -27,7 +27,7 @@ from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig, TextD
 from tests.native_tiny import ARCHS, VOCAB, native_model
 from tests.proposer_cases import PROPOSER_CASES, make_proposer
 from tests.test_step import Listening
-from tests.tiny import DecoderHook, run_scheduler
+from tests.tiny import DecoderHook, run_scheduler, stream_then_late
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -115,7 +115,8 @@ def test_greedy_text_is_identical_alone_batched_and_chunked(case, target):
         got = [r.token_ids for r in run_scheduler(scheduler, [(p, params) for p in prompts])]
         assert got == want, f"{case and case.name}, chunk {chunk}: text differs from the plain engine's"
         assert scheduler.stats.prompts_in_pieces == (0 if chunk == 0 else len(prompts))
-        if case is not None:
+        # At one token a step a model drafter's own prefill, in pieces too, outlasts these 10-token requests.
+        if case is not None and (chunk != 1 or getattr(proposer, "prefill_batch", None) is None):
             assert scheduler.stats.drafted > 0, f"{case.name} never drafted: the check proved nothing"
 
 
@@ -168,28 +169,8 @@ def test_a_running_stream_gets_a_token_every_forward_while_a_prompt_enters(chunk
     model = native_model("qwen2", seed=5)
     rows = model.decoder = Rows(model.decoder)
     scheduler = Scheduler(model, None, SchedulerConfig(max_batch=2, prefill_chunk=chunk))
-    started = threading.Event()
-    events: dict[str, list] = {"stream": [], "late": []}
-
-    def on(name):
-        def handle(event) -> None:
-            events[name].append(event)
-            if isinstance(event, TextDelta):
-                started.set()
-        return handle
-
-    scheduler.submit(tokens(4, seed=1), SamplingParams(max_tokens=60, ignore_eos=True), on("stream"))
-    scheduler.start()
-    try:
-        assert started.wait(60), "the stream never started"
-        rows.forwards.clear()
-        scheduler.submit(tokens(60, seed=2), SamplingParams(max_tokens=4), on("late"))
-        for _ in range(3000):
-            if any(isinstance(e, (Finished, Failed)) for e in events["late"]):
-                break
-            threading.Event().wait(0.01)
-    finally:
-        scheduler.stop()
+    events = stream_then_late(scheduler, (tokens(4, seed=1), SamplingParams(max_tokens=60, ignore_eos=True)),
+                              (tokens(60, seed=2), SamplingParams(max_tokens=4)), before_late=rows.forwards.clear)
     assert any(isinstance(e, Finished) for e in events["late"]), events["late"][-1:]
     both = [f for f in rows.forwards if len(f) == 2]
     assert both, "the prompt never rode in the stream's forward"

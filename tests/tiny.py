@@ -254,3 +254,37 @@ class DecoderHook:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+
+def stream_then_late(scheduler, stream: tuple[list[int], object], late: tuple[list[int], object],
+                     before_late=None, wait_for: tuple[str, ...] = ("late",), timeout: float = 60.0) -> dict[str, list]:
+    """Start a stream; once its first text arrives submit a late request (running before_late() first), and
+    stop the scheduler once the requests named in wait_for ended. Returns every event of each, by name."""
+    import threading
+
+    from augury.scheduler import Failed, Finished, TextDelta
+
+    started = threading.Event()
+    events: dict[str, list] = {"stream": [], "late": []}
+
+    def on(name):
+        def handle(event) -> None:
+            events[name].append(event)
+            if isinstance(event, TextDelta):
+                started.set()
+        return handle
+
+    scheduler.submit(*stream, on("stream"))
+    scheduler.start()
+    try:
+        assert started.wait(timeout), "the stream never started"
+        if before_late is not None:
+            before_late()
+        scheduler.submit(*late, on("late"))
+        for _ in range(int(timeout * 100)):
+            if all(any(isinstance(e, (Finished, Failed)) for e in events[name]) for name in wait_for):
+                break
+            threading.Event().wait(0.01)
+    finally:
+        scheduler.stop()
+    return events

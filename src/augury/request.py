@@ -77,7 +77,7 @@ class Request:
         self.eos_ids = frozenset() if params.ignore_eos else target.tokenizer.eos_ids
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
         self.started = False  # proposer.start has run for this sequence
-        self.drafted_at_length = 0  # len(seq.tokens) when the proposer last drafted (how far behind it may be)
+        self.proposer_seen = 0  # tokens the proposer holds: all at its last draft, or a prefill piece's end
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self.stop_after = 0  # characters of text a stop string must end past (min_tokens)
         # A prompt prefilled in pieces inside the steps (scheduler.py): how many of its tokens the
@@ -96,7 +96,7 @@ class Request:
 
     def catch_up(self) -> int:
         """Tokens the proposer must feed before drafting, beyond a step's usual `IN_STEP_TOKENS` (0: in step)."""
-        behind = len(self.seq.tokens) - self.drafted_at_length
+        behind = len(self.seq.tokens) - self.proposer_seen
         return behind if behind > IN_STEP_TOKENS else 0
 
     def start(self, prompt_hidden: Tensor | None = None) -> None:

@@ -29,6 +29,11 @@ leaves (the next turn of a chat starts with them); a cancelled or failed
 request's own blocks are dropped at once. A model drafter that takes a cache
 (`use_prefix_cache`) gets its own, with the budget split by bytes per token.
 Requests whose drafter reads the prompt's target states (heads) skip it.
+
+With prompts in pieces, a model drafter's own prefill comes in pieces too:
+a request whose drafter is further behind than a step's budget is fed a
+piece of it instead of drafting (`_drafters_in_pieces`), so no step waits
+for a whole drafter prefill of a long prompt.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from augury.prefix_cache import PrefixCache, kv_bytes_per_token
 from augury.proposers.base import Proposer, batches
 from augury.request import Request, TokenLogprob
 from augury.sampling import SamplingParams
-from augury.step import check_k, draft, needs_prompt_states, prefill, step
+from augury.step import DraftRound, check_k, draft, needs_prompt_states, prefill, prefill_drafters, step
 from augury.tickets import (
     Admitted,
     Event,
@@ -388,6 +393,7 @@ class Scheduler:
         (coupled ones cannot depend on it).
         """
         drafting = [(t, k) for t, k in zip(tickets, ks) if min(k, t.request.draft_cap()) > 0]
+        drafting = self._drafters_in_pieces(drafting, len(tickets))
         if not drafting:
             return
         seeded = [(t, k) for t, k in drafting if load_dependent(t.request.params)]
@@ -396,15 +402,49 @@ class Scheduler:
         for group in groups:
             if not group:
                 continue
-            tickets = [t for t, _ in group]
-            try:
-                measured = draft(self.proposer, [t.request for t in tickets], [k for _, k in group])
-            except Exception:
-                log.exception("drafting failed for request(s) %s", [t.id for t in tickets])
-                for ticket in tickets:
-                    self._release(ticket, Failed("internal", "internal error while drafting"))
-                continue
-            self.planner.observe_draft([t.request for t in tickets], [k for _, k in group], measured)
+            tickets, ks = [t for t, _ in group], [k for _, k in group]
+            measured = self._drafting(tickets, "drafting", lambda: draft(self.proposer, [t.request for t in tickets], ks))
+            if measured is not None:
+                self.planner.observe_draft([t.request for t in tickets], ks, measured)
+
+    def _drafting(self, tickets: list[Ticket], what: str, run: Callable[[], DraftRound]) -> DraftRound | None:
+        """run() on these tickets' drafter; if it raises, each of them fails alone (logged) and None comes back."""
+        try:
+            return run()
+        except Exception:
+            log.exception("%s failed for request(s) %s", what, [t.id for t in tickets])
+            for ticket in tickets:
+                self._release(ticket, Failed("internal", "internal error while drafting"))
+            return None
+
+    def _drafters_in_pieces(self, drafting: list[tuple[Ticket, int]], decode_rows: int) -> list[tuple[Ticket, int]]:
+        """Drafters too far behind to catch up inside one step get a piece of their prefill instead of drafting.
+
+        With prompts in pieces, the drafter's prefill of a new prompt comes in
+        pieces too, under the same budget as the target's, oldest request
+        first; the request drafts from the step where the rest fits in one
+        piece. Seeded requests sampled by rejection start whole, as their
+        drafts (hence their output) must not depend on the load. Returns the
+        (ticket, K) pairs that draft this step.
+        """
+        if not self.chunked or getattr(self.proposer, "prefill_batch", None) is None:
+            return drafting
+        budget = self.config.prefill_chunk or self.planner.prompt_budget(decode_rows, self.piece_limit)
+        behind = [(t, k) for t, k in drafting
+                  if t.request.catch_up() > budget and not load_dependent(t.request.params)]
+        if not behind:
+            return drafting
+        pieces: list[tuple[Ticket, int]] = []
+        for ticket, _ in sorted(behind, key=lambda tk: tk[0].request.seq.id):  # sequences are numbered as made
+            if budget > 0:
+                pieces.append((ticket, min(ticket.request.catch_up(), budget)))
+                budget -= pieces[-1][1]
+        tickets = [t for t, _ in pieces]
+        measured = self._drafting(tickets, "a drafter's prefill piece", lambda: prefill_drafters(
+            self.proposer, [t.request for t in tickets], [n for _, n in pieces]))
+        if measured is not None:
+            self.planner.observe_draft([], [], measured)
+        return [(t, k) for t, k in drafting if (t, k) not in behind]
 
     def _emit_deltas(self, ticket: Ticket, deltas: list[str]) -> None:
         if not deltas:

@@ -146,11 +146,35 @@ def draft(proposer: Proposer, requests: list[Request], ks: list[int]) -> DraftRo
     t2 = time.perf_counter()
     for (request, _), proposed in zip(live, drafts):
         request.draft = proposed
-        request.drafted_at_length = len(request.seq.tokens)
+        request.proposer_seen = len(request.seq.tokens)
         request.stats.draft_s += (t2 - t0) / len(live)
         request.stats.draft_forwards += forwards
     longest = max(len(d) for d in drafts)
     return DraftRound(len(live), longest, t2 - t1, in_step, sum(len(r.seq.tokens) for r in started), t1 - t0)
+
+
+def prefill_drafters(proposer: Proposer, requests: list[Request], counts: list[int]) -> DraftRound:
+    """Feed each request's drafter a piece of what it has not seen (counts[i] tokens), starting it where new.
+
+    A batching driver calls this instead of drafting for a request whose
+    drafter is far behind (a new long prompt), a piece per step, so that the
+    streams running beside it never wait for a whole drafter prefill (see
+    `DraftModelProposer.prefill_batch`). The request drafts again once the
+    rest fits in a step.
+    """
+    t0 = time.perf_counter()
+    forwards = proposer.forwards
+    seen = proposer.prefill_batch([r.seq for r in requests], counts)
+    forwards = proposer.forwards - forwards
+    seconds = time.perf_counter() - t0
+    fed = 0
+    for request, n in zip(requests, seen):
+        fed += n - (request.proposer_seen if request.started else 0)
+        request.started = True
+        request.proposer_seen = n
+        request.stats.draft_forwards += forwards
+        request.stats.draft_s += seconds / len(requests)
+    return DraftRound(0, 0, 0.0, True, fed, seconds)
 
 
 @dataclass

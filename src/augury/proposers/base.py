@@ -117,6 +117,9 @@ class Proposer(Protocol):
     # them), and `start_batch(seqs)` starts several lazily started sequences
     # at once (one drafter prefill for all). Callers go through `propose_batch`
     # and `start_batch` below, which fall back to one call per sequence.
+    # `prefill_batch(seqs, counts) -> list[int]` feeds a lazily started drafter
+    # a piece of what it has not seen, drafting nothing (the batching
+    # scheduler starts a drafter on a long prompt a piece per step with it).
 
 
 def propose_batch(proposer: Proposer, seqs: list[Sequence], ks: list[int]) -> list[Draft]:

@@ -142,6 +142,33 @@ class DraftModelProposer(ProposerBase):
             if longest > 0:
                 self._feed(states, [seq.tokens[:-1] for seq in group], want_logits=False, cache=pool)
 
+    def prefill_batch(self, seqs: list[Sequence], counts: list[int]) -> list[int]:
+        """Feed each sequence's next counts[i] tokens the drafter has not seen, drafting nothing; returns
+        how many of each sequence's tokens the drafter now holds.
+
+        A batching server starts a drafter on a long prompt this way, a piece
+        per step, so that the streams running beside it wait for a piece's
+        forward at a time rather than the whole prompt's. A new sequence opens
+        on the prefix cache's rows of its start where there are any. The last
+        committed token is never fed here: drafting feeds it.
+        """
+        states = []
+        for seq in seqs:
+            state = self.states.get(seq.id)
+            if state is None:
+                cache = self.decoder.new_cache(1, slots_for(len(seq.tokens), seq.params.max_tokens))
+                state = self.states[seq.id] = _DraftState(cache=cache, fed=0, drafted=[])
+                if self.prefix is not None:
+                    block = seq.tokens[:-1]
+                    state.fed = self.prefix.take(block, len(block), cache) if block else 0
+            states.append(state)
+        blocks = [seq.tokens[state.fed : min(state.fed + n, len(seq.tokens) - 1)]
+                  for seq, state, n in zip(seqs, states, counts)]
+        fed = [(state, block) for state, block in zip(states, blocks) if block]
+        if fed:
+            self._feed([state for state, _ in fed], [block for _, block in fed], want_logits=False)
+        return [state.fed for state in states]
+
     def _start_from_prefix(self, seq: Sequence) -> bool:
         """Start a sequence alone on the prefix cache's rows of its start, then feed the rest; False if none are cached."""
         block = seq.tokens[:-1]
