@@ -170,6 +170,23 @@ def write_hf_as_gguf(
     return path
 
 
+def cli_home(tmp_path: Path) -> Path:
+    """A fresh AUGURY_HOME for a CLI subprocess that shares the real home's built kernels.
+
+    The kernel is cached per home: a subprocess on an empty home would build
+    it again (about 50 s on 2 cores), which is not what a CLI test is about.
+    Without a kernel here the subprocess finds none either way.
+    """
+    from augury.kernels import extension
+
+    home = tmp_path / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    built = extension.extension()  # loaded in this process (from whichever home built it), or None
+    if built is not None:
+        (home / "kernels").symlink_to(Path(built.__file__).parent.parent, target_is_directory=True)
+    return home
+
+
 def private_home(tmp_path_factory) -> Iterator[None]:
     """For a module fixture: the kernel built (or found) under the real AUGURY_HOME first, then a private
     AUGURY_HOME for the files converted from the tiny models, restored afterwards."""

@@ -22,7 +22,7 @@ from augury.errors import AuguryError
 from augury.kernels import extension as ext_module
 from augury.kernels.weight import GgufWeight
 from augury.models.loader import load_model
-from tests.gguf_files import VOCAB, private_home, token_list, write_hf_as_gguf
+from tests.gguf_files import VOCAB, cli_home, private_home, token_list, write_hf_as_gguf
 from tests.tiny import hf_model, save_hf
 
 FAMILY_ARCHS = ("qwen3", "llama3", "mistral", "phi3", "gemma2")
@@ -293,7 +293,7 @@ def test_the_cli_says_a_missing_tensor_in_one_line(qwen3, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "augury.cli", "generate", "hello", "--offline", "--model", str(path)],
         capture_output=True, text=True, timeout=300,
-        env={"AUGURY_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"},
+        env={"AUGURY_HOME": str(cli_home(tmp_path)), "PATH": "/usr/bin:/bin"},
     )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr

@@ -11,7 +11,7 @@ import torch
 
 from augury.errors import AuguryError
 from augury.models.loader import load_model
-from tests.gguf_files import write_hf_as_gguf
+from tests.gguf_files import cli_home, write_hf_as_gguf
 from tests.tiny import hf_model
 
 VOCAB = 96
@@ -107,7 +107,7 @@ def test_cli_reports_bad_models_in_one_line(args, message, llama, tmp_path):
         [sys.executable, "-m", "augury.cli", "generate", "hello", "--offline", *args],
         capture_output=True,
         text=True,
-        env={"AUGURY_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"},
+        env={"AUGURY_HOME": str(cli_home(tmp_path)), "PATH": "/usr/bin:/bin"},
         timeout=120,
     )
     assert proc.returncode == 2
