@@ -45,7 +45,7 @@ cross-tools:
 # processes run in about half the time on two cores. Tests on real models run in order on one worker
 # (tests/conftest.py groups them). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+PYTEST := $(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test: $(STAMP) cross-tools
 	$(PYTEST) tests

@@ -85,26 +85,31 @@ def pytest_configure(config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """Under `--dist loadgroup`, tests on real models share one worker, and the other tests of a module stay together.
+    """Under `--dist loadgroup`: the longest units first, real-model tests together, a module's quick tests together.
 
-    Real-model tests load the same GGUF files and use two threads each: one
-    worker runs them in order (its model caches stay warm, and the machine
-    holds one worker's models at a time), first, since together they are the
-    longest unit. The slow tiny-model batteries come next, one unit each, so
-    that they spread over the workers; every other test runs with the rest of
-    its module, whose fixtures are then set up once.
+    The scheduler hands out units in collection order (`--no-loadscope-reorder`)
+    and a worker takes the next one when it is free, so long units go first:
+    a unit a test module names itself (`xdist_group`: the real chi-square, the
+    suite's longest test); then the other real-model tests, as one unit (one
+    worker, in order: their model caches stay warm, and the machine holds at
+    most two workers' models); then the slow tiny-model batteries, a unit
+    each, so that they spread; then every other test with the rest of its
+    module, whose fixtures are then set up once.
     """
-    if getattr(config, "workerinput", None) is None or config.getvalue("dist") != "loadgroup":
+    if not getattr(config.option, "loadgroup", False):  # a worker of --dist loadgroup (its own dist is "no")
         return
 
-    def order(item) -> int:  # with --no-loadscope-reorder the scheduler hands out groups in this order
-        return 0 if item.get_closest_marker("real") else 1 if item.get_closest_marker("slow") else 2
+    def order(item) -> int:
+        if item.get_closest_marker("xdist_group"):
+            return 0
+        return 1 if item.get_closest_marker("real") else 2 if item.get_closest_marker("slow") else 3
 
-    items.sort(key=order)  # stable: each module's tests keep their order
+    orders = {item.nodeid: order(item) for item in items}
+    items.sort(key=lambda item: orders[item.nodeid])  # stable: each module's tests keep their order
     for item in items:
-        if item.get_closest_marker("real"):
+        if orders[item.nodeid] == 1:
             item.add_marker(pytest.mark.xdist_group("real"))
-        elif not item.get_closest_marker("slow"):
+        elif orders[item.nodeid] == 3:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
