@@ -39,9 +39,10 @@ class _Memory:
 
     A peak over the bound names its cause: one test that needs a lot (a large
     rise) or memory that outlives its tests (a resident size that only grows).
-    Under pytest-xdist (`make test` runs two workers) each worker sends its own
-    peak and rises to the controller, which bounds their sum: the workers run
-    at the same time, so the sum is what the machine may have to hold.
+    Under pytest-xdist (`make test` runs the tiny-model tests on two workers)
+    each worker sends its own peak and rises to the controller, which bounds
+    their sum: the workers run at the same time, so the sum is what the
+    machine may have to hold.
     """
 
     def __init__(self) -> None:
@@ -85,32 +86,11 @@ def pytest_configure(config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """Under `--dist loadgroup`: the longest units first, real-model tests together, a module's quick tests together.
-
-    The scheduler hands out units in collection order (`--no-loadscope-reorder`)
-    and a worker takes the next one when it is free, so long units go first:
-    a unit a test module names itself (`xdist_group`: the real chi-square, the
-    suite's longest test); then the other real-model tests, as one unit (one
-    worker, in order: their model caches stay warm, and the machine holds at
-    most two workers' models); then the slow tiny-model batteries, a unit
-    each, so that they spread; then every other test with the rest of its
-    module, whose fixtures are then set up once.
-    """
-    if not getattr(config.option, "loadgroup", False):  # a worker of --dist loadgroup (its own dist is "no")
+    """On a pytest-xdist worker, slow tests first: the controller hands out tests in this order, a worker
+    taking more when it is free, so the longest come first and the quick ones fill the gaps at the end."""
+    if getattr(config, "workerinput", None) is None:
         return
-
-    def order(item) -> int:
-        if item.get_closest_marker("xdist_group"):
-            return 0
-        return 1 if item.get_closest_marker("real") else 2 if item.get_closest_marker("slow") else 3
-
-    orders = {item.nodeid: order(item) for item in items}
-    items.sort(key=lambda item: orders[item.nodeid])  # stable: each module's tests keep their order
-    for item in items:
-        if orders[item.nodeid] == 1:
-            item.add_marker(pytest.mark.xdist_group("real"))
-        elif orders[item.nodeid] == 3:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1)  # stable: modules keep their order
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -31,8 +31,7 @@ from augury.sampling import draw
 from augury.step import draft, step
 from tests.test_lossless import check_samples
 
-# its own unit under `make test`, handed out first (tests/conftest.py): the suite's longest test
-pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.xdist_group("real-chi-square")]
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 MODEL = "qwen2.5-coder-0.5b-instruct"
 PROMPT = "My favourite animal is the"  # an open continuation: several tokens in each nucleus
