@@ -42,18 +42,19 @@ cross-tools:
 	else echo "cross-tools: not root or no apt-get; the aarch64 test will be skipped"; fi
 
 # The tests on tiny models (most of the suite: single-threaded Python) run on two pytest-xdist workers,
-# which take about half the time on two cores; then the tests on real models, in one process with two
-# threads each, so that the machine holds one of them at a time. TEST_WORKERS=0: no workers.
+# which take about half the time on two cores (slow tests handed out first, an idle worker taking the
+# tail of the other's queue); then the tests on real models, in one process with two threads each, so
+# that the machine holds one of them at a time. TEST_WORKERS=0: no workers.
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q --durations=20
 
 test: $(STAMP) cross-tools
-	$(PYTEST) -n $(TEST_WORKERS) -m "not real" tests; tiny=$$?; \
+	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not real" tests; tiny=$$?; \
 	$(PYTEST) -m real tests; real=$$?; \
 	test $$tiny = 0 && test $$real = 0
 
 test-fast: $(STAMP)
-	$(PYTEST) -n $(TEST_WORKERS) -m "not real and not slow" tests
+	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not real and not slow" tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -86,8 +86,9 @@ def pytest_configure(config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """On a pytest-xdist worker, slow tests first: the controller hands out tests in this order, a worker
-    taking more when it is free, so the longest come first and the quick ones fill the gaps at the end."""
+    """On a pytest-xdist worker, slow tests first. Under `--dist worksteal` each worker starts on its half
+    of this order and an idle one takes the tail of the other's queue: the longest tests start first,
+    and the quick ones, last, are what moves between workers at the end."""
     if getattr(config, "workerinput", None) is None:
         return
     items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1)  # stable: modules keep their order
