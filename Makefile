@@ -41,10 +41,11 @@ cross-tools:
 		echo "cross-tools: apt-get could not install $$pkgs; the aarch64 test will be skipped"; \
 	else echo "cross-tools: not root or no apt-get; the aarch64 test will be skipped"; fi
 
-# The tests on tiny models (most of the suite: single-threaded Python) run on two pytest-xdist workers,
-# (slow tests handed out first, an idle worker taking the tail of the other's queue; the whole suite took
-# 51.6 min against 74-79 in one process on a 2-core Zen 3, README); then the tests on real models, in one process with two threads each, so
-# that the machine holds one of them at a time. TEST_WORKERS=0: no workers.
+# The tests on tiny models (most of the suite: single-threaded Python) run on two pytest-xdist workers
+# (slow tests handed out first, an idle worker taking the tail of the other's queue); then the tests on
+# real models, in one process with two threads each, so that the machine holds one of them at a time.
+# The whole suite took 51.6 min against 74-79 in one process on a 2-core Zen 3 (README).
+# TEST_WORKERS=0: no workers.
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q --durations=20
 
