@@ -52,7 +52,7 @@ from augury.prefix_cache import PrefixCache, kv_bytes_per_token
 from augury.proposers.base import Proposer, batches
 from augury.request import Request, TokenLogprob
 from augury.sampling import SamplingParams
-from augury.step import DraftRound, check_k, draft, needs_prompt_states, prefill, prefill_drafters, step
+from augury.step import DraftRound, check_k, draft, needs_prompt_states, prefill, prefill_drafters, starts_eagerly, step
 from augury.tickets import (
     Admitted,
     Event,
@@ -427,7 +427,7 @@ class Scheduler:
         drafts (hence their output) must not depend on the load. Returns the
         (ticket, K) pairs that draft this step.
         """
-        if not self.chunked or getattr(self.proposer, "prefill_batch", None) is None:
+        if not self.chunked or starts_eagerly(self.proposer) or not hasattr(self.proposer, "prefill_batch"):
             return drafting
         budget = self.config.prefill_chunk or self.planner.prompt_budget(decode_rows, self.piece_limit)
         behind = [(t, k) for t, k in drafting

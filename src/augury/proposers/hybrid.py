@@ -61,18 +61,12 @@ class HybridProposer(ProposerBase):
             self.matcher.start(seq, None)
         start_batch(self.model, seqs)
 
-    @property
-    def prefill_batch(self):
-        """The model part's pieces (`DraftModelProposer.prefill_batch`), the matcher started beside them;
-        absent (AttributeError) where the model part has none, as drivers look for it with getattr."""
-        pieces = self.model.prefill_batch
-
-        def prefill_batch(seqs: list[Sequence], counts: list[int]) -> list[int]:
-            for seq in seqs:
-                self.matcher.start(seq, None)
-            return pieces(seqs, counts)
-
-        return prefill_batch
+    def prefill_batch(self, seqs: list[Sequence], counts: list[int]) -> list[int]:
+        """The model part's pieces (`DraftModelProposer.prefill_batch`), the matcher started beside them
+        (starting the suffix matcher again only extends it)."""
+        for seq in seqs:
+            self.matcher.start(seq, None)
+        return self.model.prefill_batch(seqs, counts)
 
     def propose(self, seq: Sequence, k: int) -> Draft:
         return self.propose_batch([seq], [k])[0]
