@@ -48,6 +48,9 @@ template <bool Q8> inline W<Q8> prepare(const I* w) {
       r.hi[g] = w[g].hi;
     }
   }
+  // 16 ymm cannot hold both halves and a row's temporaries: the hi half goes to memory (L1) here, for
+  // the rows to read as operands, which leaves registers for the lo half across the row loop.
+  asm volatile("" : : "r"(r.hi) : "memory");
   return r;
 }
 template <bool Q8> inline I dot(I acc, const W<Q8>& w, int g, const int8_t* x) {
@@ -71,6 +74,11 @@ template <bool Q8> inline I dot(I acc, const W<Q8>& w, int g, const int8_t* x) {
 // quants, 4 for 5-bit, 2 for 6-bit, 1 for Q8_0) before one madd widens them: the same exact
 // integers as widening each, with about a third of the instructions.
 constexpr bool kSums16 = true;
+//
+// The empty asm statements pin the sums' order: without them GCC re-associates the (exact, so
+// reorderable) 16-bit adds into trees that keep every product live at once, spilling the quants to
+// the stack and reloading them for every row (llvm-mca -mcpu=znver3 on the Q4_K row loop: 18.6
+// cycles a row and sub-block with the trees, 14.1 pinned; docs/benchmarks.md 14).
 template <int MAXQ, bool Q8> inline I dots16(I acc, const W<Q8>& w, int g0, int n, const int8_t* x) {
   constexpr int per = 32767 / (2 * 127 * MAXQ) > 0 ? 32767 / (2 * 127 * MAXQ) : 1;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -87,8 +95,10 @@ template <int MAXQ, bool Q8> inline I dots16(I acc, const W<Q8>& w, int g0, int 
         lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(w.lo[k], xb));
         hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(w.hi[k], xb));
       }
+      asm volatile("" : "+x"(lo), "+x"(hi));
     }
     acc = {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(lo, ones)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(hi, ones))};
+    asm volatile("" : "+x"(acc.lo), "+x"(acc.hi));
   }
   return acc;
 }
