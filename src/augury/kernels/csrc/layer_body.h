@@ -70,7 +70,9 @@ typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 
-inline v16 splat(float c) { return v16{} + c; }
+// Written out lane by lane: GCC built `v16{} + c` inside the attention loop from 16 scalar stores
+// and a reload (a store-forwarding stall per key and head; docs/benchmarks.md 14).
+inline v16 splat(float c) { return v16{c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c}; }
 
 // exp(x) for x <= 0 (softmax terms after the max is subtracted), in branch-free arithmetic the
 // compiler vectorises: x = n ln2 + f, |f| <= ln2 / 2, e^f by its degree-6 Taylor polynomial
@@ -161,7 +163,7 @@ void attend_group(const LayerDesc& L, const LayerIO& io, int64_t r, int64_t kvh,
     const T* v = values + key_slot(io, r, j) * c.stride_slot;
     for (int64_t ch = 0; ch < chunks; ++ch) row[ch] = load16(v + kLanes * ch);
     for (int64_t g = 0; g < group; ++g) {
-      const v16 p = v16{} + scores[g * n + j];
+      const v16 p = splat(scores[g * n + j]);
       float* og = out + g * D;
       for (int64_t ch = 0; ch < chunks; ++ch) store16(og + kLanes * ch, load16(og + kLanes * ch) + p * row[ch]);
     }
