@@ -121,35 +121,57 @@ inline v16 load16(const uint16_t* p) {
   return v;
 }
 inline void store16(float* p, v16 v) { std::memcpy(p, &v, 64); }
-inline float hsum(v16 v) {
-  float a[kLanes];
-  std::memcpy(a, &v, 64);
-  return lane_total(a);
-}
 
 constexpr int kMaxChunks = 16;  // head_dim <= 256
 
+// The attention's vectors at the instruction set's own width: 16 lanes (v16) as kParts native vectors,
+// lane by lane the same arithmetic. GCC lowers the 64-byte v16 on AVX2 through the stack (its sums
+// go out as ymm and come back as xmm pairs), so the loops over keys use these instead.
+constexpr int kW = ops::kVecFloats, kParts = kLanes / kW;
+typedef float vw __attribute__((vector_size(4 * kW)));
+typedef uint16_t u16w __attribute__((vector_size(2 * kW)));
+typedef uint32_t u32w __attribute__((vector_size(4 * kW)));
+inline vw loadw(const float* p) { vw v; std::memcpy(&v, p, sizeof(vw)); return v; }
+inline vw loadw(const uint16_t* p) {
+  u16w h;
+  std::memcpy(&h, p, sizeof(u16w));
+  const u32w bits = __builtin_convertvector(h, u32w) << 16;
+  vw v;
+  std::memcpy(&v, &bits, sizeof(vw));
+  return v;
+}
+inline void storew(float* p, vw v) { std::memcpy(p, &v, sizeof(vw)); }
+inline vw splatw(float c) {
+  vw v;
+  for (int l = 0; l < kW; ++l) v[l] = c;
+  return v;
+}
+
 // Row r's attention for the query heads that share KV head kvh: out[g][D] = softmax(q_g . K_j *
 // scale) . V_j over the row's key set, for g in the group. Each key and value row is read and
-// widened to fp32 once for the whole group (D / 16 vectors), not once per head.
+// widened to fp32 once for the whole group (D / kW native vectors), not once per head.
 template <typename T>
 void attend_group(const LayerDesc& L, const LayerIO& io, int64_t r, int64_t kvh, const float* q, float* out,
                   std::vector<float>& scores) {
-  const int64_t D = L.head_dim, group = L.n_heads / L.n_kv, chunks = D / kLanes;
+  const int64_t D = L.head_dim, group = L.n_heads / L.n_kv;
   const CacheRef& c = io.seqs[io.row_seq[r]];
   const T* keys = static_cast<const T*>(c.k) + kvh * c.stride_head;
   const T* values = static_cast<const T*>(c.v) + kvh * c.stride_head;
   const int64_t n = io.key_hi[r] - io.key_lo[r] + io.extra_off[r + 1] - io.extra_off[r];
   scores.resize(group * n);
-  v16 row[kMaxChunks];
+  const int64_t parts = D / kW;  // native vectors a head
+  vw row[kMaxChunks * kParts];
   for (int64_t j = 0; j < n; ++j) {
     const T* k = keys + key_slot(io, r, j) * c.stride_slot;
-    for (int64_t ch = 0; ch < chunks; ++ch) row[ch] = load16(k + kLanes * ch);
+    for (int64_t i = 0; i < parts; ++i) row[i] = loadw(k + kW * i);
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * D;
-      v16 acc = load16(qg) * row[0];
-      for (int64_t ch = 1; ch < chunks; ++ch) acc += load16(qg + kLanes * ch) * row[ch];
-      scores[g * n + j] = hsum(acc) * L.scale;
+      vw acc[kParts];
+      for (int p = 0; p < kParts; ++p) acc[p] = loadw(qg + kW * p) * row[p];
+      for (int64_t i = kParts; i < parts; ++i) acc[i % kParts] += loadw(qg + kW * i) * row[i];
+      float lanes[kLanes];
+      std::memcpy(lanes, acc, sizeof(lanes));
+      scores[g * n + j] = lane_total(lanes) * L.scale;
     }
   }
   for (int64_t g = 0; g < group; ++g) {
@@ -161,11 +183,11 @@ void attend_group(const LayerDesc& L, const LayerIO& io, int64_t r, int64_t kvh,
   }
   for (int64_t j = 0; j < n; ++j) {
     const T* v = values + key_slot(io, r, j) * c.stride_slot;
-    for (int64_t ch = 0; ch < chunks; ++ch) row[ch] = load16(v + kLanes * ch);
+    for (int64_t i = 0; i < parts; ++i) row[i] = loadw(v + kW * i);
     for (int64_t g = 0; g < group; ++g) {
-      const v16 p = splat(scores[g * n + j]);
+      const vw p = splatw(scores[g * n + j]);
       float* og = out + g * D;
-      for (int64_t ch = 0; ch < chunks; ++ch) store16(og + kLanes * ch, load16(og + kLanes * ch) + p * row[ch]);
+      for (int64_t i = 0; i < parts; ++i) storew(og + kW * i, loadw(og + kW * i) + p * row[i]);
     }
   }
   for (int64_t g = 0; g < group; ++g) {

@@ -11,6 +11,8 @@ namespace ops {
 
 struct I { __m512i v; };
 struct F { __m512 v; };
+// Floats in one native vector register (one zmm): the width of the attention's loops (layer_body.h).
+constexpr int kVecFloats = 16;
 constexpr int kQ8Zero = 128;  // u8 (value + 128) x s8, minus 128 * sum(xq)
 // 32 zmm registers: 8 for a sub-block's quants, 8 row accumulators, the rest for the scaling.
 constexpr int kHeldRows = 8;
