@@ -70,8 +70,8 @@ typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 
-// Written out lane by lane: GCC built `v16{} + c` inside the attention loop from 16 scalar stores
-// and a reload (a store-forwarding stall per key and head; docs/benchmarks.md 14).
+// Written out lane by lane, not as `v16{} + c`: inside a loop GCC built that from 16 scalar stores and
+// a reload (measured in the attention before its loops moved to the native width, docs/benchmarks.md 14b).
 inline v16 splat(float c) { return v16{c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c}; }
 
 // exp(x) for x <= 0 (softmax terms after the max is subtracted), in branch-free arithmetic the

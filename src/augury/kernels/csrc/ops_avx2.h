@@ -11,10 +11,10 @@ namespace ops {
 
 struct I { __m256i lo, hi; };
 struct F { __m256 lo, hi; };
-// Q8_0's quants are stored as value + 128; this variant multiplies the signed values
-// (|w| times x with w's sign, the u8 x s8 form without overflow), so no zero point.
 // Floats in one native vector register (one ymm): the width of the attention's loops (layer_body.h).
 constexpr int kVecFloats = 8;
+// Q8_0's quants are stored as value + 128; this variant multiplies the signed values
+// (|w| times x with w's sign, the u8 x s8 form without overflow), so no zero point.
 constexpr int kQ8Zero = 0;
 // 16 ymm registers hold a sub-block's quants already: row accumulators stay in memory.
 constexpr int kHeldRows = 0;

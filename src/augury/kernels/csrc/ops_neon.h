@@ -17,9 +17,9 @@ namespace ops {
 
 struct I { int8x16_t v[4]; };
 struct F { float32x4_t v[4]; };
-// Q8_0's quants become signed values (no zero point); every other format's are below 128 already.
 // Floats in one native vector register (one q register): the width of the attention's loops (layer_body.h).
 constexpr int kVecFloats = 4;
+// Q8_0's quants become signed values (no zero point); every other format's are below 128 already.
 constexpr int kQ8Zero = 0;
 // 32 registers of 128 bits hold one sub-block's quants (8 vectors x 4): row accumulators stay in
 // memory, as on AVX2. Not tuned: no Arm CPU has timed this variant (it was checked under qemu).

@@ -13,7 +13,8 @@ namespace ops {
 
 struct I { uint8_t b[64]; };  // 64 bytes, or 32 u16 / 16 i32 lanes (read through memcpy)
 struct F { float v[16]; };
-// Floats in one native vector register (what any SIMD unit holds; scalar code where there is none): the width of the attention's loops (layer_body.h).
+// Floats in one native vector register (what any SIMD unit holds; scalar code where there is none):
+// the width of the attention's loops (layer_body.h).
 constexpr int kVecFloats = 4;
 constexpr int kQ8Zero = 128;  // u8 (value + 128) x s8, minus 128 * sum(xq), as the AVX-512 variant
 constexpr int kHeldRows = 8;  // no register file to respect: the accumulators are plain arrays
