@@ -68,7 +68,6 @@ inline int64_t key_slot(const LayerIO& io, int64_t r, int64_t j) {
 typedef float v16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
 
 // Written out lane by lane, not as `v16{} + c`: inside a loop GCC built that from 16 scalar stores and
 // a reload (measured in the attention before its loops moved to the native width, docs/benchmarks.md 14b).
@@ -78,20 +77,26 @@ inline v16 splat(float c) { return v16{c, c, c, c, c, c, c, c, c, c, c, c, c, c,
 // compiler vectorises: x = n ln2 + f, |f| <= ln2 / 2, e^f by its degree-6 Taylor polynomial
 // (relative error < 2e-7 at |f| = ln2 / 2, a few fp32 ulps in all), times 2^n built in the
 // exponent bits. Below -87 the result is flushed to 0.
-// Written once for a float and for 16 lanes (v16): the same operations in the same order, so every
-// lane has the scalar's bits.
+// Written once for a float and for any float vector (16 lanes, or the native width): the same
+// operations in the same order, so every lane has the scalar's bits.
 inline float at_least(float x, float lo) { return std::max(x, lo); }
-inline v16 at_least(v16 x, float lo) { return x < splat(lo) ? splat(lo) : x; }
+template <typename V> inline V splat_as(float c) {
+  V v;
+  for (size_t l = 0; l < sizeof(V) / sizeof(float); ++l) v[l] = c;
+  return v;
+}
+template <typename V> inline V at_least(V x, float lo) { return x < splat_as<V>(lo) ? splat_as<V>(lo) : x; }
 inline float pow2(float n) {  // 2^n for an integral n in [-126, 127], from its exponent bits
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float out;
   std::memcpy(&out, &bits, 4);
   return out;
 }
-inline v16 pow2(v16 n) {
-  const i32x16 bits = (__builtin_convertvector(n, i32x16) + 127) << 23;
-  v16 out;
-  std::memcpy(&out, &bits, 64);
+template <typename V> inline V pow2(V n) {
+  typedef int32_t iv __attribute__((vector_size(sizeof(V))));
+  const iv bits = (__builtin_convertvector(n, iv) + 127) << 23;
+  V out;
+  std::memcpy(&out, &bits, sizeof(V));
   return out;
 }
 
@@ -141,15 +146,42 @@ inline vw loadw(const uint16_t* p) {
   return v;
 }
 inline void storew(float* p, vw v) { std::memcpy(p, &v, sizeof(vw)); }
-inline vw splatw(float c) {
-  vw v;
-  for (int l = 0; l < kW; ++l) v[l] = c;
-  return v;
+inline vw splatw(float c) { return splat_as<vw>(c); }
+
+// 16 lanes held as kParts native vectors, summed as lane_total sums them: the steps of width kW
+// and above add whole vectors, the rest run on the first vector's lanes.
+inline float parts_total(vw* acc) {
+  for (int w = kParts / 2; w >= 1; w /= 2)
+    for (int p = 0; p < w; ++p) acc[p] += acc[p + w];
+  float lanes[kW];
+  std::memcpy(lanes, acc, sizeof(lanes));
+  for (int w = kW / 2; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return lanes[0];
+}
+
+// Keys whose values are widened to fp32 at a time (kKeyBlock * head_dim floats, L1-resident), and
+// the native vectors of one head's output held in registers over them.
+constexpr int64_t kKeyBlock = 32;
+constexpr int kHeld = 64 / kW;
+
+// out[C native vectors] += sum over the block's keys j, in order, of p[j] * v[j] (v: row stride D).
+template <int C>
+inline void weigh_values(const float* p, const float* v, int64_t nj, int64_t D, float* out) {
+  vw acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = loadw(out + kW * c);
+  for (int64_t j = 0; j < nj; ++j) {
+    const vw pj = splatw(p[j]);
+    for (int c = 0; c < C; ++c) acc[c] += pj * loadw(v + j * D + kW * c);
+  }
+  for (int c = 0; c < C; ++c) storew(out + kW * c, acc[c]);
 }
 
 // Row r's attention for the query heads that share KV head kvh: out[g][D] = softmax(q_g . K_j *
-// scale) . V_j over the row's key set, for g in the group. Each key and value row is read and
-// widened to fp32 once for the whole group (D / kW native vectors), not once per head.
+// scale) . V_j over the row's key set, for g in the group. Each key row is read and widened to
+// fp32 once for the whole group; value rows are widened a block of keys at a time, and each head's
+// output runs over the block in registers. The sums are those of the 16-lane form above, in the
+// same order: out[d] = (((0 + p_0 v_0[d]) + p_1 v_1[d]) + ...) whatever the blocking.
 template <typename T>
 void attend_group(const LayerDesc& L, const LayerIO& io, int64_t r, int64_t kvh, const float* q, float* out,
                   std::vector<float>& scores) {
@@ -158,7 +190,8 @@ void attend_group(const LayerDesc& L, const LayerIO& io, int64_t r, int64_t kvh,
   const T* keys = static_cast<const T*>(c.k) + kvh * c.stride_head;
   const T* values = static_cast<const T*>(c.v) + kvh * c.stride_head;
   const int64_t n = io.key_hi[r] - io.key_lo[r] + io.extra_off[r + 1] - io.extra_off[r];
-  scores.resize(group * n);
+  scores.resize(group * n + kKeyBlock * D);
+  float* vblock = scores.data() + group * n;
   const int64_t parts = D / kW;  // native vectors a head
   vw row[kMaxChunks * kParts];
   for (int64_t j = 0; j < n; ++j) {
@@ -168,26 +201,32 @@ void attend_group(const LayerDesc& L, const LayerIO& io, int64_t r, int64_t kvh,
       const float* qg = q + g * D;
       vw acc[kParts];
       for (int p = 0; p < kParts; ++p) acc[p] = loadw(qg + kW * p) * row[p];
-      for (int64_t i = kParts; i < parts; ++i) acc[i % kParts] += loadw(qg + kW * i) * row[i];
-      float lanes[kLanes];
-      std::memcpy(lanes, acc, sizeof(lanes));
-      scores[g * n + j] = lane_total(lanes) * L.scale;
+      for (int64_t i = kParts; i < parts; i += kParts)
+        for (int p = 0; p < kParts; ++p) acc[p] += loadw(qg + kW * (i + p)) * row[i + p];
+      scores[g * n + j] = parts_total(acc) * L.scale;
     }
   }
   for (int64_t g = 0; g < group; ++g) {
     float* sg = scores.data() + g * n;
     float top = -INFINITY;
     for (int64_t j = 0; j < n; ++j) top = std::max(top, sg[j]);
-    for (int64_t j = 0; j < n; ++j) sg[j] = exp_neg(sg[j] - top);
+    int64_t j = 0;
+    for (; j + kW <= n; j += kW) storew(sg + j, exp_neg(loadw(sg + j) - splatw(top)));
+    for (; j < n; ++j) sg[j] = exp_neg(sg[j] - top);
     for (int64_t d = 0; d < D; ++d) out[g * D + d] = 0.0f;
   }
-  for (int64_t j = 0; j < n; ++j) {
-    const T* v = values + key_slot(io, r, j) * c.stride_slot;
-    for (int64_t i = 0; i < parts; ++i) row[i] = loadw(v + kW * i);
+  for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
+    const int64_t nj = std::min(kKeyBlock, n - j0);
+    for (int64_t j = 0; j < nj; ++j) {
+      const T* v = values + key_slot(io, r, j0 + j) * c.stride_slot;
+      for (int64_t i = 0; i < parts; ++i) storew(vblock + j * D + kW * i, loadw(v + kW * i));
+    }
     for (int64_t g = 0; g < group; ++g) {
-      const vw p = splatw(scores[g * n + j]);
+      const float* p = scores.data() + g * n + j0;
       float* og = out + g * D;
-      for (int64_t i = 0; i < parts; ++i) storew(og + kW * i, loadw(og + kW * i) + p * row[i]);
+      int64_t i = 0;
+      for (; i + kHeld <= parts; i += kHeld) weigh_values<kHeld>(p, vblock + kW * i, nj, D, og + kW * i);
+      for (; i < parts; ++i) weigh_values<1>(p, vblock + kW * i, nj, D, og + kW * i);
     }
   }
   for (int64_t g = 0; g < group; ++g) {
