@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -21,6 +23,18 @@ def ext():
     if module is None:
         pytest.skip("the GGUF kernel extension cannot be built here")
     return module
+
+
+def test_the_extension_builds_wherever_a_compiler_is_present():
+    """Every kernel test skips where the extension cannot be built, so a compile error in csrc/ would
+    otherwise pass the suite on the torch fallback: where a C++ compiler is present, build it here
+    and let its error, if any, fail this test."""
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler here: the torch fallback is the expected path")
+    if ext_module.forced_isa() == "torch":
+        pytest.skip(f"{ext_module.ISA_ENV}=torch asks for the fallback")
+    module = ext_module._build()
+    assert "portable" in module.available_isas()  # every CPU runs the plain C++ body
 
 
 def _isas() -> list[str]:
