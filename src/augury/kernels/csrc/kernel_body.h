@@ -203,8 +203,9 @@ static inline const int32_t* row_offsets(const Rows& a) {
 }
 
 // Walk one tile's sub-blocks in order: unpack each once and hand its quants, scales and global
-// 32-block index to `rows`, which runs the activation rows' steps over it.
-template <int KIND, class RowsFn>
+// 32-block index to `rows`, which runs the activation rows' steps over it. Shared: more than one
+// row reads the quants (an instruction set short of registers may keep some of them in L1 for that).
+template <int KIND, bool Shared, class RowsFn>
 static inline __attribute__((always_inline)) void each_sub_block(const uint8_t* tile, int64_t groups, RowsFn&& rows) {
   constexpr Layout L = layout(KIND);
   for (int64_t grp = 0; grp < groups; ++grp) {
@@ -218,7 +219,7 @@ static inline __attribute__((always_inline)) void each_sub_block(const uint8_t* 
       for (int line = 0; line < L.sub_bytes; line += 64) ops::prefetch(ahead + line);
       I w[8];
       unpack<KIND>(gp + s * L.sub_bytes, w);
-      rows(ops::prepare<KIND == Q8_0>(w), sub_scales<KIND>(sp, d, dmin, s), grp * L.subs + s);
+      rows(ops::prepare<KIND == Q8_0, Shared>(w), sub_scales<KIND>(sp, d, dmin, s), grp * L.subs + s);
     }
   }
 }
@@ -228,7 +229,7 @@ template <int KIND>
 static void tile_rows(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, int64_t nr, float* acc) {
   const int32_t* off = row_offsets<KIND>(a);
   const bool has_off = off != nullptr && (KIND != Q8_0 || ops::kQ8Zero != 0);
-  each_sub_block<KIND>(tile, groups, [&](const auto& wq, const SubScales& sc, int64_t kb) {
+  each_sub_block<KIND, true>(tile, groups, [&](const auto& wq, const SubScales& sc, int64_t kb) {
     for (int64_t r = 0; r < nr; ++r)
       ops::store_f(acc + 16 * r, row_step<KIND>(wq, sc, a, off, has_off, r0 + r, kb, ops::load_f(acc + 16 * r)));
   });
@@ -243,16 +244,19 @@ static void tile_rows_held(const uint8_t* tile, int64_t groups, const Rows& a, i
   const bool has_off = off != nullptr && (KIND != Q8_0 || ops::kQ8Zero != 0);
   F acc[NR];
   for (int r = 0; r < NR; ++r) acc[r] = ops::load_f(acc_out + 16 * r);
-  each_sub_block<KIND>(tile, groups, [&](const auto& wq, const SubScales& sc, int64_t kb) {
+  each_sub_block<KIND, (NR > 1)>(tile, groups, [&](const auto& wq, const SubScales& sc, int64_t kb) {
     for (int r = 0; r < NR; ++r) acc[r] = row_step<KIND>(wq, sc, a, off, has_off, r0 + r, kb, acc[r]);
   });
   for (int r = 0; r < NR; ++r) ops::store_f(acc_out + 16 * r, acc[r]);
 }
 
 // Rows [r0, r0 + nr) of one tile, in register-held runs of up to ops::kHeldRows rows where the
-// instruction set has the registers for them (each run unpacks the tile again, from L1).
+// instruction set has the registers for them (each run unpacks the tile again, from L1). A lone row
+// (every plain decode step) always holds its sums in registers and its quants unshared: on AVX2
+// that cut the 1-row Q4_K loop from about 47 to 31 cycles a sub-block (docs/benchmarks.md 15).
 template <int KIND>
 static void tile_rows_any(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, int64_t nr, float* acc) {
+  if (nr == 1) return tile_rows_held<KIND, 1>(tile, groups, a, r0, acc);
   if constexpr (ops::kHeldRows > 0) {
     for (int64_t r = 0; r < nr;) {
       const int64_t n = std::min<int64_t>(ops::kHeldRows, nr - r);

@@ -36,7 +36,7 @@ inline I bcast_i32(const int32_t* p) { const __m256i v = _mm256_set1_epi32(*p); 
 inline I add_i(I a, I b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
 
 template <bool Q8> struct W { __m256i lo[8], hi[8], slo[8], shi[8]; };
-template <bool Q8> inline W<Q8> prepare(const I* w) {
+template <bool Q8, bool Shared = true> inline W<Q8> prepare(const I* w) {
   W<Q8> r;
   for (int g = 0; g < 8; ++g) {
     if constexpr (Q8) {
@@ -52,7 +52,7 @@ template <bool Q8> inline W<Q8> prepare(const I* w) {
   }
   // 16 ymm cannot hold both halves and a row's temporaries: the hi half goes to memory (L1) here, for
   // the rows to read as operands, which leaves registers for the lo half across the row loop.
-  asm volatile("" : : "r"(r.hi) : "memory");
+  if constexpr (Shared) asm volatile("" : : "r"(r.hi) : "memory");
   return r;
 }
 template <bool Q8> inline I dot(I acc, const W<Q8>& w, int g, const int8_t* x) {

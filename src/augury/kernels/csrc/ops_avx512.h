@@ -29,7 +29,7 @@ inline I bcast_i32(const int32_t* p) { return {_mm512_set1_epi32(*p)}; }
 inline I add_i(I a, I b) { return {_mm512_add_epi32(a.v, b.v)}; }
 
 template <bool Q8> struct W { __m512i v[8]; };
-template <bool Q8> inline W<Q8> prepare(const I* w) {
+template <bool Q8, bool Shared = true> inline W<Q8> prepare(const I* w) {
   W<Q8> r;
   for (int g = 0; g < 8; ++g) r.v[g] = w[g].v;
   return r;

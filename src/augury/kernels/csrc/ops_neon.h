@@ -51,7 +51,7 @@ inline I add_i(I a, I b) {
 }
 
 template <bool Q8> struct W { int8x16_t v[8][4]; };
-template <bool Q8> inline W<Q8> prepare(const I* w) {
+template <bool Q8, bool Shared = true> inline W<Q8> prepare(const I* w) {
   W<Q8> r;
   const int8x16_t flip = vreinterpretq_s8_u8(vdupq_n_u8(0x80));
   for (int g = 0; g < 8; ++g)

@@ -58,7 +58,7 @@ inline I add_i(I a, I b) {
 }
 
 template <bool Q8> struct W { I v[8]; };
-template <bool Q8> inline W<Q8> prepare(const I* w) {
+template <bool Q8, bool Shared = true> inline W<Q8> prepare(const I* w) {
   W<Q8> r;
   for (int g = 0; g < 8; ++g) r.v[g] = w[g];
   return r;
