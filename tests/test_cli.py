@@ -35,3 +35,10 @@ def test_bench_refuses_an_option_no_given_method_reads():
     assert split == {"ngram": {"ngram_max": 3, "dtype": "fp32"}, "suffix": {"dtype": "fp32"}}
     with pytest.raises(AuguryError, match="--skip-layers is not an option of any of the methods given"):
         split_options({"skip_layers": "1"}, {"ngram": NgramOptions})
+
+
+def test_demo_refuses_fewer_than_one_run_before_loading_anything(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--offline", "--runs", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --runs: must be at least 1, got 0" in capsys.readouterr().err

@@ -43,7 +43,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--max-tokens", type=int, default=128)
     d.add_argument("--k", type=int, default=4)
     d.add_argument("--offline", action="store_true")
+    d.add_argument("--runs", type=_positive_int, default=2,
+                   help="speculative and plain runs, alternating; the fastest of each is compared (a shared "
+                   "machine's speed drifts between runs)")
     d.set_defaults(func=run_demo)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -86,15 +96,23 @@ def run_demo(args: argparse.Namespace) -> int:
         f"stops below confidence {proposer.confidence}), K up to {args.k} chosen per step from measured costs, "
         f"greedy\nprompt: {args.prompt}\n"
     )
-    engine = Engine(target, proposer, k=args.k, adaptive=True)
-    spec = engine.generate(ids, params, on_text=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
-    print("\n")
-    print("plain decoding of the same prompt for comparison ...", flush=True)
-    plain = Engine(target).generate(ids, params)
+    specs, plains, engines = [], [], []
+    for run in range(args.runs):  # alternating, so that a slow spell of the machine hits both alike
+        engines.append(Engine(target, proposer, k=args.k, adaptive=True))
+        shown = (lambda text: (sys.stdout.write(text), sys.stdout.flush())) if run == 0 else None
+        specs.append(engines[-1].generate(ids, params, on_text=shown))
+        if run == 0:
+            print("\n")
+        print(f"plain decoding of the same prompt for comparison ({run + 1} of {args.runs}) ...", flush=True)
+        plains.append(Engine(target).generate(ids, params))
+    best = max(range(args.runs), key=lambda i: specs[i].stats.tokens_per_s)
+    spec, engine = specs[best], engines[best]
+    plain = max(plains, key=lambda r: r.stats.tokens_per_s)
     s, p = spec.stats, plain.stats
     ratio = s.tokens_per_s / max(p.tokens_per_s, 1e-9)
-    print(f"plain       : {p.tokens_per_s:.2f} tok/s ({p.generated_tokens} tokens)")
-    print(f"speculative : {s.tokens_per_s:.2f} tok/s ({s.generated_tokens} tokens)")
+    of = f", the fastest of {args.runs} runs" if args.runs > 1 else ""
+    print(f"plain       : {p.tokens_per_s:.2f} tok/s ({p.generated_tokens} tokens{of})")
+    print(f"speculative : {s.tokens_per_s:.2f} tok/s ({s.generated_tokens} tokens{of})")
     note = engine.last_plan
     if note is not None and note.settled_k == 0:  # plain steps both ways: any ratio is run-to-run noise
         print(f"speed-up    : none: the planner settled on plain steps (measured {ratio:.2f}x: its warm-up "
@@ -110,6 +128,6 @@ def run_demo(args: argparse.Namespace) -> int:
                   "expected acceptance saves), so it decoded plain steps, trying a draft now and then")
     print(f"tau {s.tau:.2f} tokens per target forward, acceptance {s.alpha:.2f} "
           f"(by position {' '.join(f'{a:.2f}' for a in s.acceptance_by_position)})")
-    same = spec.token_ids == plain.token_ids
+    same = all(r.token_ids == plain.token_ids for r in specs + plains)
     print(f"identical to plain greedy output: {'yes' if same else 'NO'}")
     return 0 if same else 1

@@ -1,0 +1,67 @@
+// Time-stamp cycles per sub-block (32 inputs x 16 columns) of one instruction set's GGUF tile loop,
+// without torch or Python: the kernel body on synthetic packed tiles, the best of many passes. A
+// buffer that fits in L2 measures the loop's arithmetic, far steadier on a shared VM than a whole
+// forward; a buffer of hundreds of MB measures the stream from memory.
+//
+//   g++ -std=c++17 -O3 -fopenmp -ffp-contract=off -Wno-psabi -Itests/cross/shim \
+//       -Isrc/augury/kernels/csrc scripts/kernel_cycles.cpp -o /tmp/kernel_cycles
+//   OMP_NUM_THREADS=1 /tmp/kernel_cycles KIND BYTES ROWS PASSES   (KIND: 5 Q4_K, 7 Q6_K; see common.h)
+//
+// Point -I at two copies of csrc/ to compare an old and a new loop, alternating runs. The x86 build
+// measures the AVX2 body (the AVX-512 one needs its own ops header and a CPU that runs it).
+#include <immintrin.h>
+#include <omp.h>
+#include <x86intrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "ops_portable.h"
+#include "ops_avx2.h"
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: kernel_cycles KIND BYTES ROWS PASSES\n");
+    return 2;
+  }
+  const int kind = std::atoi(argv[1]);
+  const int64_t bytes = std::atoll(argv[2]);
+  const int rows = std::atoi(argv[3]), passes = std::atoi(argv[4]);
+  const auto fn = avx2::body::tile_fn(kind);
+  if (fn == nullptr || rows < 1 || rows > 64 || passes < 1 || bytes < 1) {
+    std::fprintf(stderr, "kernel_cycles: bad KIND (0-7), ROWS (1-64), PASSES or BYTES\n");
+    return 2;
+  }
+  const Layout L = layout(kind);
+  const int64_t n_in = 1536, groups = n_in / L.group_k, tile_bytes = groups * L.group_bytes;
+  const int64_t tiles = std::max<int64_t>(1, bytes / tile_bytes);
+  std::vector<uint8_t> w(tiles * tile_bytes);
+  for (auto& b : w) b = std::rand() & 0x3F;  // any bits time alike; small ones keep the fp16 scales finite
+  std::vector<float> x(rows * n_in);
+  for (auto& v : x) v = (std::rand() % 2001 - 1000) / 1000.0f;
+  avx2::body::QuantBuffers q;
+  q.reserve(rows, n_in);
+  for (int r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < n_in / 32; ++b) q.quantize(n_in, x.data() + r * n_in + 32 * b, r, b);
+  const avx2::body::Rows a = q.rows(n_in);
+  std::vector<float> y(rows * 16 * tiles);
+  double best = 1e300;
+  for (int p = 0; p < passes; ++p) {
+    const uint64_t t0 = __rdtsc();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t)
+      fn(w.data() + t * tile_bytes, groups, a, rows, 16, nullptr, y.data() + t * 16, false, 16 * tiles);
+    best = std::min(best, static_cast<double>(__rdtsc() - t0));
+  }
+  const double subs = static_cast<double>(tiles) * groups * L.subs;
+  std::printf("kind %d, %.0f KB, %d rows, %d threads: %.1f cycles a sub-block (%.1f a row)\n", kind,
+              tiles * tile_bytes / 1024.0, rows, omp_get_max_threads(), best / subs, best / subs / rows);
+  return 0;
+}
