@@ -253,7 +253,7 @@ static void tile_rows_held(const uint8_t* tile, int64_t groups, const Rows& a, i
 // Rows [r0, r0 + nr) of one tile, in register-held runs of up to ops::kHeldRows rows where the
 // instruction set has the registers for them (each run unpacks the tile again, from L1). A lone row
 // (every plain decode step) always holds its sums in registers and its quants unshared: on AVX2
-// that cut the 1-row Q4_K loop from about 47 to 31 cycles a sub-block (docs/benchmarks.md 15).
+// that cut the 1-row Q4_K loop in L2 from about 47-50 to 26-35 cycles a sub-block (docs/benchmarks.md 15b).
 template <int KIND>
 static void tile_rows_any(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, int64_t nr, float* acc) {
   if (nr == 1) return tile_rows_held<KIND, 1>(tile, groups, a, r0, acc);
