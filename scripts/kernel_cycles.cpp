@@ -5,10 +5,10 @@
 //
 //   g++ -std=c++17 -O3 -fopenmp -ffp-contract=off -Wno-psabi -Itests/cross/shim \
 //       -Isrc/augury/kernels/csrc scripts/kernel_cycles.cpp -o /tmp/kernel_cycles
-//   OMP_NUM_THREADS=1 /tmp/kernel_cycles KIND BYTES ROWS PASSES   (KIND: 5 Q4_K, 7 Q6_K; see common.h)
+//   OMP_NUM_THREADS=1 /tmp/kernel_cycles KIND BYTES ROWS PASSES [ISA]   (KIND: 5 Q4_K, 7 Q6_K; see common.h)
 //
-// Point -I at two copies of csrc/ to compare an old and a new loop, alternating runs. The x86 build
-// measures the AVX2 body (the AVX-512 one needs its own ops header and a CPU that runs it).
+// Point -I at two copies of csrc/ to compare an old and a new loop, alternating runs. ISA: avx2 (the
+// default) or avxvnni (a CPU with AVX-VNNI); the AVX-512 body needs its own ops header.
 #include <immintrin.h>
 #include <omp.h>
 #include <x86intrin.h>
@@ -25,20 +25,11 @@
 #include "common.h"
 #include "ops_portable.h"
 #include "ops_avx2.h"
+#include "ops_avxvnni.h"
 
-int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: kernel_cycles KIND BYTES ROWS PASSES\n");
-    return 2;
-  }
-  const int kind = std::atoi(argv[1]);
-  const int64_t bytes = std::atoll(argv[2]);
-  const int rows = std::atoi(argv[3]), passes = std::atoi(argv[4]);
-  const auto fn = avx2::body::tile_fn(kind);
-  if (fn == nullptr || rows < 1 || rows > 64 || passes < 1 || bytes < 1) {
-    std::fprintf(stderr, "kernel_cycles: bad KIND (0-7), ROWS (1-64), PASSES or BYTES\n");
-    return 2;
-  }
+// Cycles a sub-block of one body's tile loop (Body: avx2::body or avxvnni::body, through their types).
+template <class Quant, class TileFn>
+static double cycles(TileFn fn, int kind, int64_t bytes, int rows, int passes, int64_t* tiles_out) {
   const Layout L = layout(kind);
   const int64_t n_in = 1536, groups = n_in / L.group_k, tile_bytes = groups * L.group_bytes;
   const int64_t tiles = std::max<int64_t>(1, bytes / tile_bytes);
@@ -46,11 +37,11 @@ int main(int argc, char** argv) {
   for (auto& b : w) b = std::rand() & 0x3F;  // any bits time alike; small ones keep the fp16 scales finite
   std::vector<float> x(rows * n_in);
   for (auto& v : x) v = (std::rand() % 2001 - 1000) / 1000.0f;
-  avx2::body::QuantBuffers q;
+  Quant q;
   q.reserve(rows, n_in);
   for (int r = 0; r < rows; ++r)
     for (int64_t b = 0; b < n_in / 32; ++b) q.quantize(n_in, x.data() + r * n_in + 32 * b, r, b);
-  const avx2::body::Rows a = q.rows(n_in);
+  const auto a = q.rows(n_in);
   std::vector<float> y(rows * 16 * tiles);
   double best = 1e300;
   for (int p = -1; p < passes; ++p) {  // pass -1 warms the threads, the pages and the caches
@@ -60,8 +51,33 @@ int main(int argc, char** argv) {
       fn(w.data() + t * tile_bytes, groups, a, rows, 16, nullptr, y.data() + t * 16, false, 16 * tiles);
     if (p >= 0) best = std::min(best, static_cast<double>(__rdtsc() - t0));
   }
-  const double subs = static_cast<double>(tiles) * groups * L.subs;
-  std::printf("kind %d, %.0f KB, %d rows, %d threads: %.1f cycles a sub-block (%.1f a row)\n", kind,
-              tiles * tile_bytes / 1024.0, rows, omp_get_max_threads(), best / subs, best / subs / rows);
+  *tiles_out = tiles;
+  return best / (static_cast<double>(tiles) * groups * L.subs);
+}
+
+int main(int argc, char** argv) {
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: kernel_cycles KIND BYTES ROWS PASSES [avx2|avxvnni]\n");
+    return 2;
+  }
+  const int kind = std::atoi(argv[1]);
+  const int64_t bytes = std::atoll(argv[2]);
+  const int rows = std::atoi(argv[3]), passes = std::atoi(argv[4]);
+  const std::string isa = argc == 6 ? argv[5] : "avx2";
+  if (kind < 0 || kind > 7 || rows < 1 || rows > 64 || passes < 1 || bytes < 1 || (isa != "avx2" && isa != "avxvnni")) {
+    std::fprintf(stderr, "kernel_cycles: bad KIND (0-7), ROWS (1-64), PASSES, BYTES or ISA (avx2, avxvnni)\n");
+    return 2;
+  }
+  if (isa == "avxvnni" && !__builtin_cpu_supports("avxvnni")) {
+    std::fprintf(stderr, "kernel_cycles: this CPU has no AVX-VNNI\n");
+    return 2;
+  }
+  int64_t tiles = 0;
+  const double per_sub = isa == "avx2"
+      ? cycles<avx2::body::QuantBuffers>(avx2::body::tile_fn(kind), kind, bytes, rows, passes, &tiles)
+      : cycles<avxvnni::body::QuantBuffers>(avxvnni::body::tile_fn(kind), kind, bytes, rows, passes, &tiles);
+  const Layout L = layout(kind);
+  std::printf("%s, kind %d, %.0f KB, %d rows, %d threads: %.1f cycles a sub-block (%.1f a row)\n", isa.c_str(), kind,
+              tiles * (1536 / L.group_k) * L.group_bytes / 1024.0, rows, omp_get_max_threads(), per_sub, per_sub / rows);
   return 0;
 }

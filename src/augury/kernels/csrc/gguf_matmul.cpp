@@ -2,7 +2,7 @@
 // y[R, out] = x[R, in] @ W^T (kernel_body.h) and one decoder layer (layer_body.h).
 //
 // Built at first use by augury/kernels/extension.py (torch.utils.cpp_extension.load).
-// The bodies are compiled for AVX-512 VNNI and for AVX2 in `#pragma GCC target` regions (x86),
+// The bodies are compiled for AVX-512 VNNI, for AVX2 with AVX-VNNI and for plain AVX2 in `#pragma GCC target` regions (x86),
 // for NEON with the dot-product instructions (aarch64), and as portable C++ without intrinsics
 // (any CPU); the variant is chosen at run time by cpuid or the kernel's hwcaps (or AUGURY_ISA), so
 // the library needs no -march flags and loads on any CPU of its architecture.
@@ -34,6 +34,7 @@
 #include "ops_portable.h"
 #if AUGURY_X86
 #include "ops_avx2.h"
+#include "ops_avxvnni.h"
 #include "ops_avx512.h"
 #endif
 #if AUGURY_ARM
@@ -53,6 +54,7 @@ bool cpu_has(const std::string& isa) {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
            __builtin_cpu_supports("avx512vnni");
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (isa == "avxvnni") return cpu_has("avx2") && __builtin_cpu_supports("avxvnni");
 #endif
 #if AUGURY_ARM
   if (isa == "neon") return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
@@ -62,7 +64,7 @@ bool cpu_has(const std::string& isa) {
 
 std::vector<std::string> available_isas() {
   std::vector<std::string> out;
-  for (const char* name : {"avx512", "avx2", "neon", "portable"})
+  for (const char* name : {"avx512", "avxvnni", "avx2", "neon", "portable"})
     if (cpu_has(name)) out.emplace_back(name);
   return out;
 }
@@ -77,6 +79,7 @@ const IsaFns& isa_fns(const std::string& isa) {
   static const IsaFns portable_fns{portable::body::matmul, portable::layer::forward};
 #if AUGURY_X86
   static const IsaFns avx2_fns{avx2::body::matmul, avx2::layer::forward};
+  static const IsaFns avxvnni_fns{avxvnni::body::matmul, avxvnni::layer::forward};
   static const IsaFns avx512_fns{avx512::body::matmul, avx512::layer::forward};
 #endif
 #if AUGURY_ARM
@@ -86,6 +89,7 @@ const IsaFns& isa_fns(const std::string& isa) {
   TORCH_CHECK(cpu_has(use), "this CPU cannot run the ", use, " kernel");
 #if AUGURY_X86
   if (use == "avx512") return avx512_fns;
+  if (use == "avxvnni") return avxvnni_fns;
   if (use == "avx2") return avx2_fns;
 #endif
 #if AUGURY_ARM
