@@ -276,9 +276,13 @@ def test_dequantize_to_bf16_is_the_references_values_rounded(ext, kind):
     assert torch.equal(pieces, whole), "tile ranges cut the same rows"
 
 
-def test_long_blocks_take_the_bf16_prefill_path(ext):
+@pytest.mark.parametrize("matrix_unit", [True, False])
+def test_long_blocks_take_the_bf16_prefill_path_only_with_a_matrix_unit(ext, monkeypatch, matrix_unit):
+    """With AMX, long blocks run dequantized bf16 tiles; without, the int8 kernel's rows (the same bits
+    as each row alone), which prefilled faster there."""
     from augury.kernels import weight as weight_module
 
+    monkeypatch.setattr(weight_module, "has_matrix_unit", lambda: matrix_unit)
     parts = [("Q4_K", _blocks("Q4_K", 40, IN, 1)), ("Q6_K", _blocks("Q6_K", 29, IN, 2))]
     w = GgufWeight(parts)
     t = weight_module.PREFILL_ROWS + 6
@@ -288,6 +292,8 @@ def test_long_blocks_take_the_bf16_prefill_path(ext):
     want = torch.nn.functional.linear(x, w.dense().bfloat16(), bias)
     assert got.shape == (1, t, 69)
     assert float((got.float() - want.float()).abs().max()) <= 0.02 * float(want.float().abs().max())
+    rows_alone = torch.equal(got[0, -5:], w.linear(x[0, -5:], bias))
+    assert rows_alone == (not (matrix_unit and w.isa == "avx512")), "the kernel's rows are the rows alone"
     short = w.linear(x[:, : weight_module.PREFILL_ROWS], bias)  # the kernel: rows independent of the block
     assert torch.equal(short[0, :5], w.linear(x[0, :5], bias))
 

@@ -164,8 +164,8 @@ PREFILL_PROBE_PIECES = 4  # the measured prompt, in row-attention limits (256 to
 def prefill_rates(model: Model) -> tuple[float, float]:
     """Tokens per second of a prompt of PREFILL_PROBE_PIECES times the row-attention limit prefilled in
     pieces of that limit (the rows a step's ragged forward computes: the native layer's) and prefilled
-    whole (past the limit: one masked torch call, dequantized tiles on GGUF blocks), measured once per
-    model, machine and weight format and kept beside the cost curve.
+    whole (past the limit: one masked torch call, dequantized tiles on GGUF blocks where the CPU has
+    AMX), measured once per model, machine and weight format and kept beside the cost curve.
 
     Why measured: on the AVX-512 path of an Intel CPU with AMX a whole prompt prefilled 1.6x faster
     than pieces (docs/benchmarks.md section 10); with the AVX2 kernel the two were close, and there

@@ -25,13 +25,14 @@ import torch
 from torch import Tensor
 
 from augury.kernels import packing, reference
-from augury.kernels.extension import extension, kernel_isa
+from augury.kernels.extension import extension, has_matrix_unit, kernel_isa
 
-# Blocks of more tokens per sequence than this are prefill: their matmuls go through bf16 weights
-# dequantized tile by tile and torch's (oneDNN's) bf16 matmul, which is faster on long blocks where
-# the CPU has a bf16 matrix unit (AMX: 3x at 256 rows). It equals the decoder's row attention limit:
-# up to there the decoder keeps each row independent of its block (and so does the kernel);
-# longer blocks attend batched and were never batch invariant.
+# Blocks of more tokens per sequence than this are prefill: where the CPU has a bf16 matrix unit
+# (AMX), their matmuls go through bf16 weights dequantized tile by tile and torch's (oneDNN's) bf16
+# matmul (3x the int8 kernel at 256 rows on an Intel AMX CPU); without one the int8 kernel is the
+# faster (AVX-512 BF16 on Zen 5: 1.17x at 256 rows, 1.85x at 65, even at 2048; docs/benchmarks.md 16).
+# It equals the decoder's row attention limit: up to there the decoder keeps each row independent
+# of its block (and so does the kernel); longer blocks attend batched and were never batch invariant.
 PREFILL_ROWS = 64
 # Output rows dequantized at a time on the prefill path (bounds the temporary bf16 weights).
 PREFILL_CHUNK = 4096
@@ -126,7 +127,8 @@ class GgufWeight:
         return out
 
     def linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        """x: [..., in] -> [..., out] in x's dtype; x: [B, T, in] with T > PREFILL_ROWS takes the prefill path."""
+        """x: [..., in] -> [..., out] in x's dtype; x: [B, T, in] with T > PREFILL_ROWS takes the bf16
+        prefill path where the CPU has a matrix unit."""
         if x.dim() >= 3 and x.shape[-2] > PREFILL_ROWS and self._prefill_runs(x):
             return self._prefill(x, bias)
         flat = x.reshape(-1, self.shape[1]).contiguous()
@@ -150,7 +152,7 @@ class GgufWeight:
         return self.isa == "avx512"
 
     def _prefill_runs(self, x: Tensor) -> bool:
-        return x.dtype == torch.bfloat16 and self._dequantizer_runs()
+        return x.dtype == torch.bfloat16 and self._dequantizer_runs() and has_matrix_unit()
 
     def _prefill(self, x: Tensor, bias: Tensor | None) -> Tensor:
         """x @ W^T on bf16 weights dequantized chunk by chunk (see PREFILL_ROWS)."""
