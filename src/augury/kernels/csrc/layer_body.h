@@ -80,10 +80,27 @@ inline v16 splat(float c) { return v16{c, c, c, c, c, c, c, c, c, c, c, c, c, c,
 // Written once for a float and for any float vector (16 lanes, or the native width): the same
 // operations in the same order, so every lane has the scalar's bits.
 inline float at_least(float x, float lo) { return std::max(x, lo); }
+
+// Lanes of v picked by constant indices (GCC's __builtin_shuffle since 4.7, Clang's
+// __builtin_shufflevector): one register shuffle, where a loop over the lanes went through memory.
+template <typename V, int... I>
+inline V pick(V v, std::integer_sequence<int, I...>) {
+#if defined(__clang__)
+  return __builtin_shufflevector(v, v, I...);
+#else
+  typedef int32_t iv __attribute__((vector_size(sizeof(V))));
+  return __builtin_shuffle(v, iv{I...});
+#endif
+}
+template <int... I> constexpr std::integer_sequence<int, (I * 0)...> all_lane0(std::integer_sequence<int, I...>) { return {}; }
+template <int W, int N, int... I>
+constexpr std::integer_sequence<int, ((I + W) % N)...> lanes_from(std::integer_sequence<int, I...>) { return {}; }
+
+// c in every lane: a broadcast (a loop storing each lane compiled to 16 masked broadcasts on AVX-512).
 template <typename V> inline V splat_as(float c) {
-  V v;
-  for (size_t l = 0; l < sizeof(V) / sizeof(float); ++l) v[l] = c;
-  return v;
+  V v{};
+  v[0] = c;
+  return pick(v, all_lane0(std::make_integer_sequence<int, sizeof(V) / sizeof(float)>{}));
 }
 template <typename V> inline V at_least(V x, float lo) { return x < splat_as<V>(lo) ? splat_as<V>(lo) : x; }
 inline float pow2(float n) {  // 2^n for an integral n in [-126, 127], from its exponent bits
@@ -148,16 +165,20 @@ inline vw loadw(const uint16_t* p) {
 inline void storew(float* p, vw v) { std::memcpy(p, &v, sizeof(vw)); }
 inline vw splatw(float c) { return splat_as<vw>(c); }
 
+// lane_total's steps below width kW on one native vector: lane l of step w adds lane l + w (a
+// shuffle brings it down), so lane 0 ends with the same sum; the other lanes are not used.
+template <int W>
+inline vw lane_tree(vw v) {
+  if constexpr (W == 0) return v;
+  else return lane_tree<W / 2>(v + pick(v, lanes_from<W, kW>(std::make_integer_sequence<int, kW>{})));
+}
+
 // 16 lanes held as kParts native vectors, summed as lane_total sums them: the steps of width kW
 // and above add whole vectors, the rest run on the first vector's lanes.
 inline float parts_total(vw* acc) {
   for (int w = kParts / 2; w >= 1; w /= 2)
     for (int p = 0; p < w; ++p) acc[p] += acc[p + w];
-  float lanes[kW];
-  std::memcpy(lanes, acc, sizeof(lanes));
-  for (int w = kW / 2; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-  return lanes[0];
+  return lane_tree<kW / 2>(acc[0])[0];
 }
 
 // Keys whose values are widened to fp32 at a time (kKeyBlock * head_dim floats, L1-resident), and
