@@ -8,7 +8,7 @@
 //   OMP_NUM_THREADS=1 /tmp/kernel_cycles KIND BYTES ROWS PASSES [ISA]   (KIND: 5 Q4_K, 7 Q6_K; see common.h)
 //
 // Point -I at two copies of csrc/ to compare an old and a new loop, alternating runs. ISA: avx2 (the
-// default) or avxvnni (a CPU with AVX-VNNI); the AVX-512 body needs its own ops header.
+// default), avxvnni or avx512, where the CPU runs it.
 #include <immintrin.h>
 #include <omp.h>
 #include <x86intrin.h>
@@ -26,8 +26,9 @@
 #include "ops_portable.h"
 #include "ops_avx2.h"
 #include "ops_avxvnni.h"
+#include "ops_avx512.h"
 
-// Cycles a sub-block of one body's tile loop (Body: avx2::body or avxvnni::body, through their types).
+// Cycles a sub-block of one body's tile loop (Quant: that body's QuantBuffers; fn: its tile function).
 template <class Quant, class TileFn>
 static double cycles(TileFn fn, int kind, int64_t bytes, int rows, int passes, int64_t* tiles_out) {
   const Layout L = layout(kind);
@@ -57,25 +58,26 @@ static double cycles(TileFn fn, int kind, int64_t bytes, int rows, int passes, i
 
 int main(int argc, char** argv) {
   if (argc != 5 && argc != 6) {
-    std::fprintf(stderr, "usage: kernel_cycles KIND BYTES ROWS PASSES [avx2|avxvnni]\n");
+    std::fprintf(stderr, "usage: kernel_cycles KIND BYTES ROWS PASSES [avx2|avxvnni|avx512]\n");
     return 2;
   }
   const int kind = std::atoi(argv[1]);
   const int64_t bytes = std::atoll(argv[2]);
   const int rows = std::atoi(argv[3]), passes = std::atoi(argv[4]);
   const std::string isa = argc == 6 ? argv[5] : "avx2";
-  if (kind < 0 || kind > 7 || rows < 1 || rows > 64 || passes < 1 || bytes < 1 || (isa != "avx2" && isa != "avxvnni")) {
-    std::fprintf(stderr, "kernel_cycles: bad KIND (0-7), ROWS (1-64), PASSES, BYTES or ISA (avx2, avxvnni)\n");
+  if (kind < 0 || kind > 7 || rows < 1 || rows > 64 || passes < 1 || bytes < 1 || (isa != "avx2" && isa != "avxvnni" && isa != "avx512")) {
+    std::fprintf(stderr, "kernel_cycles: bad KIND (0-7), ROWS (1-64), PASSES, BYTES or ISA (avx2, avxvnni, avx512)\n");
     return 2;
   }
-  if (isa == "avxvnni" && !__builtin_cpu_supports("avxvnni")) {
-    std::fprintf(stderr, "kernel_cycles: this CPU has no AVX-VNNI\n");
+  if ((isa == "avxvnni" && !__builtin_cpu_supports("avxvnni")) || (isa == "avx512" && !__builtin_cpu_supports("avx512vnni"))) {
+    std::fprintf(stderr, "kernel_cycles: this CPU cannot run %s\n", isa.c_str());
     return 2;
   }
   int64_t tiles = 0;
-  const double per_sub = isa == "avx2"
-      ? cycles<avx2::body::QuantBuffers>(avx2::body::tile_fn(kind), kind, bytes, rows, passes, &tiles)
-      : cycles<avxvnni::body::QuantBuffers>(avxvnni::body::tile_fn(kind), kind, bytes, rows, passes, &tiles);
+  const double per_sub =
+      isa == "avx2"      ? cycles<avx2::body::QuantBuffers>(avx2::body::tile_fn(kind), kind, bytes, rows, passes, &tiles)
+      : isa == "avxvnni" ? cycles<avxvnni::body::QuantBuffers>(avxvnni::body::tile_fn(kind), kind, bytes, rows, passes, &tiles)
+                         : cycles<avx512::body::QuantBuffers>(avx512::body::tile_fn(kind), kind, bytes, rows, passes, &tiles);
   const Layout L = layout(kind);
   std::printf("%s, kind %d, %.0f KB, %d rows, %d threads: %.1f cycles a sub-block (%.1f a row)\n", isa.c_str(), kind,
               tiles * (1536 / L.group_k) * L.group_bytes / 1024.0, rows, omp_get_max_threads(), per_sub, per_sub / rows);
