@@ -254,9 +254,12 @@ static void tile_rows_held(const uint8_t* tile, int64_t groups, const Rows& a, i
 // instruction set has the registers for them (each run unpacks the tile again, from L1). A lone row
 // (every plain decode step) always holds its sums in registers and its quants unshared: on AVX2
 // that cut the 1-row Q4_K loop in L2 from about 47-50 to 26-35 cycles a sub-block (docs/benchmarks.md 15b).
+// Two rows (a 1-token verification) hold theirs too: on AVX2 34-39 cycles a Q4_K sub-block against
+// 44-45 with the sums in memory (16g); from three rows on, one run over the tile is cheaper there.
 template <int KIND>
 static void tile_rows_any(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, int64_t nr, float* acc) {
   if (nr == 1) return tile_rows_held<KIND, 1>(tile, groups, a, r0, acc);
+  if (nr == 2) return tile_rows_held<KIND, 2>(tile, groups, a, r0, acc);
   if constexpr (ops::kHeldRows > 0) {
     for (int64_t r = 0; r < nr;) {
       const int64_t n = std::min<int64_t>(ops::kHeldRows, nr - r);
