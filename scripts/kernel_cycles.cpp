@@ -65,21 +65,28 @@ int main(int argc, char** argv) {
   const int64_t bytes = std::atoll(argv[2]);
   const int rows = std::atoi(argv[3]), passes = std::atoi(argv[4]);
   const std::string isa = argc == 6 ? argv[5] : "avx2";
-  if (kind < 0 || kind > 7 || rows < 1 || rows > 64 || passes < 1 || bytes < 1 || (isa != "avx2" && isa != "avxvnni" && isa != "avx512")) {
+  const bool known_isa = isa == "avx2" || isa == "avxvnni" || isa == "avx512";
+  if (kind < 0 || kind > 7 || rows < 1 || rows > 64 || passes < 1 || bytes < 1 || !known_isa) {
     std::fprintf(stderr, "kernel_cycles: bad KIND (0-7), ROWS (1-64), PASSES, BYTES or ISA (avx2, avxvnni, avx512)\n");
     return 2;
   }
-  if ((isa == "avxvnni" && !__builtin_cpu_supports("avxvnni")) || (isa == "avx512" && !__builtin_cpu_supports("avx512vnni"))) {
+  const bool runs = isa == "avx2" ? __builtin_cpu_supports("avx2")
+                    : isa == "avxvnni" ? __builtin_cpu_supports("avxvnni") : __builtin_cpu_supports("avx512vnni");
+  if (!runs) {
     std::fprintf(stderr, "kernel_cycles: this CPU cannot run %s\n", isa.c_str());
     return 2;
   }
   int64_t tiles = 0;
-  const double per_sub =
-      isa == "avx2"      ? cycles<avx2::body::QuantBuffers>(avx2::body::tile_fn(kind), kind, bytes, rows, passes, &tiles)
-      : isa == "avxvnni" ? cycles<avxvnni::body::QuantBuffers>(avxvnni::body::tile_fn(kind), kind, bytes, rows, passes, &tiles)
-                         : cycles<avx512::body::QuantBuffers>(avx512::body::tile_fn(kind), kind, bytes, rows, passes, &tiles);
+  double per_sub;
+  if (isa == "avx2")
+    per_sub = cycles<avx2::body::QuantBuffers>(avx2::body::tile_fn(kind), kind, bytes, rows, passes, &tiles);
+  else if (isa == "avxvnni")
+    per_sub = cycles<avxvnni::body::QuantBuffers>(avxvnni::body::tile_fn(kind), kind, bytes, rows, passes, &tiles);
+  else
+    per_sub = cycles<avx512::body::QuantBuffers>(avx512::body::tile_fn(kind), kind, bytes, rows, passes, &tiles);
   const Layout L = layout(kind);
   std::printf("%s, kind %d, %.0f KB, %d rows, %d threads: %.1f cycles a sub-block (%.1f a row)\n", isa.c_str(), kind,
-              tiles * (1536 / L.group_k) * L.group_bytes / 1024.0, rows, omp_get_max_threads(), per_sub, per_sub / rows);
+              tiles * (1536 / L.group_k) * L.group_bytes / 1024.0, rows, omp_get_max_threads(), per_sub,
+              per_sub / rows);
   return 0;
 }

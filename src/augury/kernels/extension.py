@@ -12,9 +12,10 @@ machine sharing the home rebuilds instead of loading a stale library.
 Any failure (no compiler, no ninja) leaves `import augury` and the
 bf16 path untouched: `extension()` returns None and says why in one line.
 
-The library holds the kernel body once per instruction set: AVX-512 VNNI,
-AVX2 with AVX-VNNI and plain AVX2 on x86, NEON with dot products on aarch64, and portable C++ (no intrinsics,
-for any other CPU); `kernel_isa()` picks the best one the CPU runs.
+The library holds the kernel body once per instruction set: AVX-512 VNNI, AVX2
+with AVX-VNNI and plain AVX2 on x86, NEON with dot products on aarch64, and
+portable C++ (no intrinsics, for any other CPU); `kernel_isa()` picks the best
+one the CPU runs.
 `AUGURY_ISA=avx512|avxvnni|avx2|neon|portable|torch` forces one (torch: no extension,
 the torch fallback), so that one machine can measure and test every path.
 """
@@ -32,10 +33,11 @@ from types import ModuleType
 from augury.errors import AuguryError
 
 SOURCES = (
-    "gguf_matmul.cpp", "common.h", "kernel_body.h", "layer_body.h", "ops_avx2.h", "ops_avxvnni.h", "ops_avx512.h", "ops_neon.h",
-    "ops_portable.h",
+    "gguf_matmul.cpp", "common.h", "kernel_body.h", "layer_body.h", "ops_avx2.h", "ops_avxvnni.h", "ops_avx512.h",
+    "ops_neon.h", "ops_portable.h",
 )
-ISAS = ("avx512", "avxvnni", "avx2", "neon", "portable")  # the kernel's variants, best first (an x86 or an Arm CPU runs some)
+# The kernel's variants, best first (an x86 or an Arm CPU runs some).
+ISAS = ("avx512", "avxvnni", "avx2", "neon", "portable")
 ISA_ENV = "AUGURY_ISA"
 
 

@@ -2,10 +2,11 @@
 // y[R, out] = x[R, in] @ W^T (kernel_body.h) and one decoder layer (layer_body.h).
 //
 // Built at first use by augury/kernels/extension.py (torch.utils.cpp_extension.load).
-// The bodies are compiled for AVX-512 VNNI, for AVX2 with AVX-VNNI and for plain AVX2 in `#pragma GCC target` regions (x86),
-// for NEON with the dot-product instructions (aarch64), and as portable C++ without intrinsics
-// (any CPU); the variant is chosen at run time by cpuid or the kernel's hwcaps (or AUGURY_ISA), so
-// the library needs no -march flags and loads on any CPU of its architecture.
+// The bodies are compiled for AVX-512 VNNI, for AVX2 with AVX-VNNI and for plain AVX2 in
+// `#pragma GCC target` regions (x86), for NEON with the dot-product instructions (aarch64), and as
+// portable C++ without intrinsics (any CPU); the variant is chosen at run time by cpuid or the
+// kernel's hwcaps (or AUGURY_ISA), so the library needs no -march flags and loads on any CPU of its
+// architecture.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>

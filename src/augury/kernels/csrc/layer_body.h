@@ -92,7 +92,8 @@ inline V pick(V v, std::integer_sequence<int, I...>) {
   return __builtin_shuffle(v, iv{I...});
 #endif
 }
-template <int... I> constexpr std::integer_sequence<int, (I * 0)...> all_lane0(std::integer_sequence<int, I...>) { return {}; }
+template <int... I>
+constexpr std::integer_sequence<int, (I * 0)...> all_lane0(std::integer_sequence<int, I...>) { return {}; }
 template <int W, int N, int... I>
 constexpr std::integer_sequence<int, ((I + W) % N)...> lanes_from(std::integer_sequence<int, I...>) { return {}; }
 
