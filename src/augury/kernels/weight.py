@@ -30,7 +30,7 @@ from augury.kernels.extension import extension, has_matrix_unit, kernel_isa
 # Blocks of more tokens per sequence than this are prefill: where the CPU has a bf16 matrix unit
 # (AMX), their matmuls go through bf16 weights dequantized tile by tile and torch's (oneDNN's) bf16
 # matmul, faster there than the int8 kernel on long blocks; without one (AVX-512 BF16 alone) the
-# int8 kernel was the faster up to 1024 tokens and even at 2048 (docs/benchmarks.md 10, 16b).
+# int8 kernel was the faster up to 1024 tokens and even with it at 2048 (docs/benchmarks.md 10, 16b).
 # It equals the decoder's row attention limit: up to there the decoder keeps each row independent
 # of its block (and so does the kernel); longer blocks attend batched and were never batch invariant.
 PREFILL_ROWS = 64
