@@ -28,9 +28,14 @@
 #include "ops_avxvnni.h"
 #include "ops_avx512.h"
 
-// Cycles a sub-block of one body's tile loop (Quant: that body's QuantBuffers; fn: its tile function).
+struct Timing {
+  double per_sub;  // cycles a sub-block, all rows
+  double kb;       // the tiles' size
+};
+
+// The best pass of one body's tile loop (Quant: that body's QuantBuffers; fn: its tile function).
 template <class Quant, class TileFn>
-static double cycles(TileFn fn, int kind, int64_t bytes, int rows, int passes, int64_t* tiles_out) {
+static Timing cycles(TileFn fn, int kind, int64_t bytes, int rows, int passes) {
   const Layout L = layout(kind);
   const int64_t n_in = 1536, groups = n_in / L.group_k, tile_bytes = groups * L.group_bytes;
   const int64_t tiles = std::max<int64_t>(1, bytes / tile_bytes);
@@ -52,8 +57,7 @@ static double cycles(TileFn fn, int kind, int64_t bytes, int rows, int passes, i
       fn(w.data() + t * tile_bytes, groups, a, rows, 16, nullptr, y.data() + t * 16, false, 16 * tiles);
     if (p >= 0) best = std::min(best, static_cast<double>(__rdtsc() - t0));
   }
-  *tiles_out = tiles;
-  return best / (static_cast<double>(tiles) * groups * L.subs);
+  return {best / (static_cast<double>(tiles) * groups * L.subs), tiles * tile_bytes / 1024.0};
 }
 
 int main(int argc, char** argv) {
@@ -76,17 +80,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kernel_cycles: this CPU cannot run %s\n", isa.c_str());
     return 2;
   }
-  int64_t tiles = 0;
-  double per_sub;
+  Timing t;
   if (isa == "avx2")
-    per_sub = cycles<avx2::body::QuantBuffers>(avx2::body::tile_fn(kind), kind, bytes, rows, passes, &tiles);
+    t = cycles<avx2::body::QuantBuffers>(avx2::body::tile_fn(kind), kind, bytes, rows, passes);
   else if (isa == "avxvnni")
-    per_sub = cycles<avxvnni::body::QuantBuffers>(avxvnni::body::tile_fn(kind), kind, bytes, rows, passes, &tiles);
+    t = cycles<avxvnni::body::QuantBuffers>(avxvnni::body::tile_fn(kind), kind, bytes, rows, passes);
   else
-    per_sub = cycles<avx512::body::QuantBuffers>(avx512::body::tile_fn(kind), kind, bytes, rows, passes, &tiles);
-  const Layout L = layout(kind);
+    t = cycles<avx512::body::QuantBuffers>(avx512::body::tile_fn(kind), kind, bytes, rows, passes);
   std::printf("%s, kind %d, %.0f KB, %d rows, %d threads: %.1f cycles a sub-block (%.1f a row)\n", isa.c_str(), kind,
-              tiles * (1536 / L.group_k) * L.group_bytes / 1024.0, rows, omp_get_max_threads(), per_sub,
-              per_sub / rows);
+              t.kb, rows, omp_get_max_threads(), t.per_sub, t.per_sub / rows);
   return 0;
 }

@@ -28,7 +28,6 @@ template <bool Q8> inline I dot(I acc, const W<Q8>& w, int g, const int8_t* x) {
   else
     return {_mm256_dpbusd_avx_epi32(acc.lo, w.lo[g], xb), _mm256_dpbusd_avx_epi32(acc.hi, w.hi[g], xb)};
 }
-template <int MAXQ, bool Q8> I dots16(I, const W<Q8>&, int, int, const int8_t*);
 
 }  // namespace ops
 #include "kernel_body.h"
