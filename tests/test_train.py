@@ -18,7 +18,7 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|i
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 # Small enough for seconds: a short corpus the target writes itself, short windows, a few hundred steps.
 QUICK = ["--hours", "0.05", "--dtype", "fp32", "--sequences", "24", "--request-tokens", "16", "--answer-tokens", "40",
-         "--seq-len", "64", "--draft-vocab", "64", "--holdout", "0.2", "--quiet"]
+         "--seq-len", "64", "--draft-vocab", "64", "--holdout", "0.2", "--train-dtype", "fp32", "--quiet"]
 
 
 def save_tokenizer(folder: Path) -> None:
@@ -51,12 +51,14 @@ def _train(*args: str) -> int:
     return main(["train", *args] + ([] if "--corpus" in args else ["--corpus", "self"]))
 
 
-def test_train_end_to_end_beats_the_untrained_head_and_drafts_losslessly(target_dir, home, capsys):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_train_end_to_end_beats_the_untrained_head_and_drafts_losslessly(dtype, target_dir, home, capsys):
     out = home / "head"
     code = _train("--model", str(target_dir), "--kind", "eagle", "--out", str(out), "--max-steps", "300", *QUICK,
-                  "--sequences", "40", "--holdout", "0.25")  # 10 answers held out
+                  "--sequences", "40", "--holdout", "0.25", "--train-dtype", dtype)  # 10 answers held out
     assert code == 0, capsys.readouterr().err
     meta = json.loads((out / "head.json").read_text())
+    assert meta["train"]["dtype"] == dtype
     trained, untrained = meta["alpha"][0], meta["alpha_untrained"][0]
     trials = meta["alpha_counts"]["trials"][0]
     assert trials >= 200, f"only {trials} held-out positions measured"
@@ -92,6 +94,32 @@ def test_train_other_kinds_beat_their_untrained_heads(kind, target_dir, home):
         f"{kind}: held-out top-1 {meta['alpha'][0]:.3f} vs untrained {meta['alpha_untrained'][0]:.3f}")
 
 
+def test_auto_train_dtype_keeps_the_faster_by_its_probe():
+    from augury.train.precision import Precision, choose_precision
+
+    device = torch.device("cpu")
+    slow_bf16 = choose_precision("auto", device, 64, timer=lambda dtype, *_: 5.0 if dtype == torch.bfloat16 else 2.0)
+    fast_bf16 = choose_precision("auto", device, 64, timer=lambda dtype, *_: 1.0 if dtype == torch.bfloat16 else 4.0)
+    assert (slow_bf16.dtype, fast_bf16.dtype) == ("fp32", "bf16")
+    assert fast_bf16.probe_ms == {"fp32": 4.0, "bf16": 1.0}
+    assert choose_precision("fp32", device, 64) == Precision("fp32")  # asked for: no probe
+    measured = choose_precision("auto", device, 64)  # the real probe: both dtypes timed
+    assert set(measured.probe_ms) == {"fp32", "bf16"} and min(measured.probe_ms.values()) > 0
+    with measured.autocast(device):
+        product = torch.ones(4, 8) @ torch.ones(8, 2)
+    assert product.dtype == (torch.bfloat16 if measured.dtype == "bf16" else torch.float32)
+
+
+def test_an_unknown_train_dtype_is_refused(target_dir, home, capsys):
+    from augury.train.precision import choose_precision
+
+    with pytest.raises(AuguryError, match="unknown --train-dtype 'fp8'"):
+        choose_precision("fp8", torch.device("cpu"), 64)
+    with pytest.raises(SystemExit):
+        _train("--model", str(target_dir), "--kind", "eagle", "--out", str(home / "h"), *QUICK, "--train-dtype", "fp8")
+    assert "invalid choice: 'fp8'" in capsys.readouterr().err
+
+
 def test_resume_continues_from_the_checkpoint_and_a_second_run_needs_resume(target_dir, home, capsys):
     out = home / "head"
     args = ["--model", str(target_dir), "--kind", "mtp", "--out", str(out), *QUICK]
@@ -104,6 +132,37 @@ def test_resume_continues_from_the_checkpoint_and_a_second_run_needs_resume(targ
     assert first["train"]["steps"] == 20 and second["train"]["steps"] == 35
     assert second["data"] == first["data"], "resuming reuses the collected corpus"
     assert second["alpha_untrained"] == first["alpha_untrained"]
+
+
+def test_another_kind_trains_on_a_runs_collected_states(target_dir, home, tmp_path_factory, capsys):
+    first = home / "eagle"
+    assert _train("--model", str(target_dir), "--kind", "eagle", "--out", str(first), "--max-steps", "5", *QUICK) == 0
+    eagle = json.loads((first / "head.json").read_text())
+    second = home / "parallel"
+    assert _train("--model", str(target_dir), "--kind", "parallel", "--out", str(second), "--max-steps", "5",
+                  *QUICK, "--features-from", str(first)) == 0
+    borrowed = json.loads((second / "head.json").read_text())
+    assert borrowed["kind"] == "parallel" and borrowed["train"]["steps"] == 5
+    assert borrowed["data"]["tokens"] == eagle["data"]["tokens"] and borrowed["data"]["sources"] == eagle["data"]["sources"]
+    assert not list((second / "work").glob("features-*")), "the states were collected or copied again"
+    assert "training on the states collected in" in capsys.readouterr().out
+
+    refused = [  # (extra args, what the one-line error names)
+        (["--kind", "mtp"], "holds the target's final states and this mtp head reads its last_layer ones "
+                            "(pass --feature final)"),
+        (["--kind", "eagle", "--resume"], "takes neither --resume nor --data"),
+    ]
+    for extra, message in refused:
+        out = home / f"refused-{len(extra)}"
+        assert _train("--model", str(target_dir), "--out", str(out), *QUICK, *extra, "--features-from", str(first)) != 0
+        assert message in capsys.readouterr().err
+    other = tiny_target(tmp_path_factory.mktemp("other"), seed=1)
+    assert _train("--model", str(other), "--kind", "eagle", "--out", str(home / "other"), *QUICK,
+                  "--features-from", str(first)) != 0
+    assert "was collected for target" in capsys.readouterr().err
+    assert _train("--model", str(target_dir), "--kind", "eagle", "--out", str(home / "none"), *QUICK,
+                  "--features-from", str(home / "nowhere")) != 0
+    assert "holds no collected states" in capsys.readouterr().err
 
 
 def test_training_on_given_data_only(target_dir, home):

@@ -46,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--offline", action="store_true", help="never download the target")
     p.add_argument("--resume", action="store_true", help="continue the run in --out (its corpus and checkpoint)")
     c = p.add_argument_group("corpus")
+    c.add_argument("--features-from", default=None, metavar="DIR",
+                   help="train on the states another run collected (DIR of an earlier `augury train`, same target "
+                   "and --feature) instead of collecting: another head kind or other settings on the same data")
     c.add_argument("--corpus", default="stdlib",
                    help="comma-separated sources: stdlib (the Python standard library, read by prefill; default), "
                    "stdlib-tests (its test suites: about as much code again), self (the target writes requests "
@@ -83,6 +86,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     o.add_argument("--eval-depth", type=_positive(int), default=4, help="positions measured held-out (default 4)")
     o.add_argument("--holdout", type=float, default=0.05, help="share of conversations held out (default 0.05)")
     o.add_argument("--save-dtype", default="bf16", help="dtype of the head's matrices on disk (default bf16)")
+    o.add_argument("--train-dtype", default="auto", choices=("auto", "fp32", "bf16"),
+                   help="the training step's matmuls: auto (default) times both on this machine at the start and "
+                   "keeps the faster (bf16 under autocast; parameters and optimizer stay fp32)")
     o.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decay on the matrices (default 0.01)")
     o.add_argument("--noise", type=float, default=0.05,
                    help="Gaussian noise on the target states read, times their RMS (default 0.05)")
@@ -130,9 +136,11 @@ def run_train(args: argparse.Namespace) -> int:
     config = HeadConfig.for_kind(args.kind, **overrides)
     plan = TrainPlan(seq_len=args.seq_len, batch=args.batch, lr=args.lr, max_steps=args.max_steps,
                      eval_depth=args.eval_depth, topk=args.topk, draft_vocab=args.draft_vocab,
-                     holdout=args.holdout, save_dtype=args.save_dtype, seed=args.seed,
+                     holdout=args.holdout, save_dtype=args.save_dtype, train_dtype=args.train_dtype, seed=args.seed,
                      weight_decay=args.weight_decay, noise=args.noise, dropout=args.dropout,
                      curve_at=_token_counts(args.curve_at))
+    if args.features_from and (args.resume or args.data):
+        raise AuguryError("--features-from trains on another run's states: it takes neither --resume nor --data")
     sources = tuple(s.strip() for s in args.corpus.split(",") if s.strip() and s.strip() != "none")
     corpus = None if args.resume else CorpusPlan(
         sources=sources, data_paths=tuple(args.data), max_tokens=args.corpus_tokens, max_sequences=args.sequences,
@@ -142,7 +150,7 @@ def run_train(args: argparse.Namespace) -> int:
     target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline,
                         progress=not args.quiet)
     outcome = train(target, config, args.out, hours=args.hours, plan=plan, corpus=corpus, resume=args.resume,
-                    device=args.device, progress=not args.quiet)
+                    features_from=args.features_from, device=args.device, progress=not args.quiet)
     print(f"wrote {outcome.path}: {outcome.steps} steps in {outcome.seconds:.0f} s on {outcome.tokens} tokens "
           f"({outcome.sequences} sequences, {outcome.tokens_seen} seen); held-out alpha by position "
           f"{outcome.alpha} (untrained {outcome.alpha_untrained}); rates {outcome.rates}; "

@@ -13,6 +13,7 @@ from augury.cache import GrowingCache
 from augury.models.decoder import LayerWeights, ModelConfig
 from augury.models.head import LAYER_PREFIX, Head, HeadConfig, HeadWeights
 from augury.train.features import Features
+from augury.train.precision import Precision
 
 
 class TrainableHead:
@@ -188,11 +189,11 @@ def loss(trainable: TrainableHead, batch: Batch, depth: int, feature_loss: float
 
 @torch.no_grad()
 def evaluate(trainable: TrainableHead, data: Features, seqs: list[int], depth: int, seq_len: int,
-             batch_size: int = 2) -> dict:
+             batch_size: int = 2, precision: Precision = Precision("fp32")) -> dict:
     """Held-out acceptance by position (greedy): alpha[d-1] = P(position d is the target's top-1 | 1..d-1 were,
     and the text went on with them), at the anchors a drafter drafts from (inside the answer: a
     prompt's fixed template would be memorized, not predicted). Also the counts behind each, and the
-    implied tau at K = depth."""
+    implied tau at K = depth. `precision`: the training step's (a drafter computes in bf16 by default too)."""
     device = trainable.vocab.device
     hits = [0] * depth
     trials = [0] * depth
@@ -201,10 +202,12 @@ def evaluate(trainable: TrainableHead, data: Features, seqs: list[int], depth: i
         b, t = batch.tokens.shape
         # the chain so far was accepted; drafting starts once the answer does (anchor = last committed row)
         going = torch.arange(t - 1, device=device)[None] >= batch.starts[:, None] - 1
-        for d, (y, anchor) in enumerate(rollout(trainable.head, batch, depth), start=1):
+        with precision.autocast(device):
+            outs = rollout(trainable.head, batch, depth)
+            drafted_at = [trainable.vocab[trainable.head.logits(y).argmax(-1)] for y, _ in outs]
+        for d, ((y, anchor), drafted) in enumerate(zip(outs, drafted_at), start=1):
             at, real = labels(batch, anchor, d)
             best = batch.topk_ids[:, at, 0]
-            drafted = trainable.vocab[trainable.head.logits(y).argmax(-1)]
             tried = going & real
             hit = tried & (drafted == best)
             hits[d - 1] += int(hit.sum())

@@ -43,6 +43,7 @@ from augury.train import features as feats
 from augury.train.collection import CorpusPlan, collect_corpus
 from augury.train.features import Features, no_space
 from augury.train.objective import Regularization, TrainableHead, evaluate, loss, make_batch
+from augury.train.precision import COMPUTE_DTYPES, Precision, choose_precision
 from augury.train.progress import ProgressBar
 
 WORK = "work"
@@ -67,6 +68,7 @@ class TrainPlan:
     holdout: float = 0.05
     checkpoint_every_s: float = 120.0
     save_dtype: str = "bf16"
+    train_dtype: str = "auto"  # the step's matmuls: fp32, bf16, or auto (the faster here, measured: precision.py)
     seed: int = 0
     weight_decay: float = 0.01
     noise: float = 0.05  # on the states read, x their RMS
@@ -77,6 +79,8 @@ class TrainPlan:
     def __post_init__(self) -> None:
         if self.save_dtype not in SAVE_DTYPES:
             raise AuguryError(f"unknown --save-dtype '{self.save_dtype}' (choose from {', '.join(SAVE_DTYPES)})")
+        if self.train_dtype not in COMPUTE_DTYPES:
+            raise AuguryError(f"unknown --train-dtype '{self.train_dtype}' (choose from {', '.join(COMPUTE_DTYPES)})")
         if not 0 <= self.holdout < 1:
             raise AuguryError(f"--holdout must be in [0, 1), got {self.holdout}")
         if self.max_steps < 0:
@@ -143,6 +147,7 @@ def fit(
     deadline: float,
     first_step: int = 0,
     tokens_seen: int = 0,
+    precision: Precision = Precision("fp32"),
     on_step=None,
     checkpoint=None,
     milestone=None,
@@ -152,7 +157,8 @@ def fit(
 
     on_step(step, fraction done, running loss, running depth-1 top-1); checkpoint(step, tokens seen, seconds)
     every plan.checkpoint_every_s; milestone(tokens seen) each time the tokens seen pass one of
-    plan.curve_at. The learning rate warms up, then follows a cosine over the budget.
+    plan.curve_at. The learning rate warms up, then follows a cosine over the budget. The loss's
+    forward runs in `precision` (the backward follows its dtypes; the parameters stay fp32).
     """
     config = trainable.head.config
     depth = config.train_depth if config.chained else config.block
@@ -174,7 +180,8 @@ def fit(
         batch = make_batch(data, picked, plan.seq_len, gen, device)
         for group in optimizer.param_groups:
             group["lr"] = _lr(plan, step, fraction)
-        value, top1 = loss(trainable, batch, depth, config.feature_loss, plan.anchors, gen, plan.regularization)
+        with precision.autocast(device):
+            value, top1 = loss(trainable, batch, depth, config.feature_loss, plan.anchors, gen, plan.regularization)
         optimizer.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -253,6 +260,28 @@ def resumed_manifest(work: Path, target_info: dict, config: HeadConfig, out: Pat
     return manifest
 
 
+def borrowed_manifest(source: Path, target_info: dict, config: HeadConfig) -> dict:
+    """Another run's collected states for this head (another kind on the same data, or a second try with
+    other settings): its manifest with absolute shard paths and this head's config; nothing is copied."""
+    path = source / WORK / MANIFEST
+    if not path.is_file():
+        raise AuguryError(f"--features-from: {source} holds no collected states ({path} is missing)")
+    theirs = json.loads(path.read_text())
+    if theirs["target"]["sha256"] != target_info["sha256"]:
+        raise AuguryError(f"--features-from: {source} was collected for target '{theirs['target']['name']}', "
+                          f"not '{target_info['name']}' (their weights differ)")
+    feature = theirs["config"].get("feature")
+    if feature != config.feature:
+        raise AuguryError(f"--features-from: {source} holds the target's {feature} states and this {config.kind} "
+                          f"head reads its {config.feature} ones (pass --feature {feature})")
+    shards = [source / WORK / name for name in theirs["shards"]]
+    missing = [p for p in shards if not p.is_file()]
+    if missing:
+        raise AuguryError(f"--features-from: {source} lacks its feature shard {missing[0]}")
+    return {**theirs, "config": config.to_dict(), "shards": [str(p.resolve()) for p in shards],
+            "features_from": str(source.resolve())}
+
+
 def train(
     target: Model,
     config: HeadConfig,
@@ -262,11 +291,13 @@ def train(
     plan: TrainPlan,
     corpus: CorpusPlan | None = None,
     resume: bool = False,
+    features_from: Path | None = None,
     device: str = "cpu",
     progress: bool = True,
     log=print,
 ) -> Outcome:
-    """The whole `augury train` run (see the module doc); returns what it measured."""
+    """The whole `augury train` run (see the module doc); returns what it measured. features_from: train
+    on the states another run in that folder collected instead of collecting."""
     t_start = time.monotonic()
     if hours <= 0:
         raise AuguryError(f"--hours must be positive, got {hours}")
@@ -281,6 +312,11 @@ def train(
         manifest = resumed_manifest(work, target_info, config, out)
         config = HeadConfig.from_dict(manifest["config"])
         log(f"resuming: {len(manifest['shards'])} feature shards, {manifest['tokens']} tokens")
+    elif features_from is not None:
+        manifest = borrowed_manifest(Path(features_from).expanduser(), target_info, config)
+        _write_manifest(manifest_path, manifest)
+        log(f"training on the states collected in {features_from}: {len(manifest['shards'])} feature shards, "
+            f"{manifest['tokens']} tokens")
     else:
         got = collect_corpus(target, config, work, corpus, seq_len=plan.seq_len, topk=plan.topk, seed=plan.seed,
                              deadline=t_start + budget * corpus.share, progress=progress)
@@ -303,13 +339,15 @@ def train(
     embed, final_norm, lm_head = target_parts(target)
     trainable = TrainableHead(config, target.config, own, (embed, final_norm, lm_head), vocab, torch_device)
     optimizer = new_optimizer(trainable, plan)
+    precision = choose_precision(plan.train_dtype, torch_device, target.config.hidden_size)
+    log(f"training in {precision.dtype}" + (f" (matmul probe, ms: {precision.probe_ms})" if precision.probe_ms else ""))
     step, trained_s, seen, curve = 0, 0.0, 0, []
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         step, trained_s, untrained = state["step"], state["seconds"], state["untrained"]
         seen, curve = state.get("tokens_seen", 0), state.get("curve", [])
     else:
-        untrained = evaluate(trainable, data, held_ids, eval_depth, plan.seq_len)
+        untrained = evaluate(trainable, data, held_ids, eval_depth, plan.seq_len, precision=precision)
         log(f"untrained head: held-out alpha by position {untrained['alpha']}")
 
     t_train = time.monotonic()
@@ -323,7 +361,8 @@ def train(
 
     def milestone(tokens_seen: int) -> None:
         t0 = time.monotonic()
-        point = evaluate(trainable, data, held_ids[: plan.curve_sequences], eval_depth, plan.seq_len)
+        point = evaluate(trainable, data, held_ids[: plan.curve_sequences], eval_depth, plan.seq_len,
+                         precision=precision)
         curve.append({"tokens_seen": tokens_seen, "alpha": point["alpha"], "tau": point["tau"],
                       "train_seconds": round(trained_s + t0 - t_train, 1), "trials": point["trials"]})
         _append_line(work / "curve.jsonl", curve[-1])
@@ -331,14 +370,14 @@ def train(
 
     try:
         step, seen = fit(trainable, optimizer, data, train_ids, plan, deadline=t_start + budget, first_step=step,
-                         tokens_seen=seen, checkpoint=checkpoint, milestone=milestone,
+                         tokens_seen=seen, precision=precision, checkpoint=checkpoint, milestone=milestone,
                          on_step=lambda n, fraction, value, top1: bar.update(
                              fraction, step=n, loss=f"{value:.3f}", top1=f"{top1:.2f}"))
     finally:
         bar.close()
     trained_s += time.monotonic() - t_train
     checkpoint(step, seen, 0.0)
-    measured = evaluate(trainable, data, held_ids, eval_depth, plan.seq_len)
+    measured = evaluate(trainable, data, held_ids, eval_depth, plan.seq_len, precision=precision)
     rate = round(seen / max(trained_s, 1e-9))
     log(f"trained head ({step} steps, {seen} tokens seen, {rate} tokens/s): held-out alpha by position "
         f"{measured['alpha']} (untrained {untrained['alpha']}), tau at K={eval_depth} about {measured['tau']}")
@@ -354,6 +393,7 @@ def train(
                  "tokens_per_hour": manifest.get("tokens_per_hour")},
         "train": {"steps": step, "seconds": round(trained_s, 1), "collect_seconds": manifest["collect_seconds"],
                   "tokens_seen": seen, "tokens_per_second": rate, "device": str(torch_device),
+                  "dtype": precision.dtype, "dtype_probe_ms": precision.probe_ms,
                   **{k: v for k, v in asdict(plan).items()
                      if k in ("seq_len", "batch", "lr", "topk", "anchors", "seed", "weight_decay", "noise",
                               "dropout")}},
