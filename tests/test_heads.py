@@ -367,6 +367,38 @@ def test_a_saved_head_loads_and_drafts_as_it_did(target, trained, home):
     assert isinstance(built, HeadProposer) and built.name == "mtp"
 
 
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_low_bit_head_drafts_losslessly_and_near_its_dense_self(kind, quant, target, trained):
+    from augury.models.low_bit import int4_matmul_available
+
+    config, own, vocab = trained[kind]
+    dense = make_proposer(config, own, vocab, target)
+    low = make_proposer(config, own, vocab, target, quant=quant)
+    w = low.head.weights
+    runs_int4 = quant == "int4" and int4_matmul_available(target.decoder.dtype, target.decoder.device)
+    formats = {type(m).__name__ for m in (w.fc, w.lm_head, w.layer.wqkv, w.layer.wo, w.layer.w_gate_up,
+                                           w.layer.w_down)}
+    assert formats == {"Int4Weight" if runs_int4 else "Int8Weight"}
+    y = torch.randn(1, 1, target.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    want, got = dense.head.logits(y), low.head.logits(y)
+    err = float((got - want).norm() / want.norm())
+    assert 0 < err < (0.2 if runs_int4 else 0.05), f"{kind} {quant}: logits off by {err:.4f} relative"
+    stats = greedy_equivalence(target, low, PROMPTS, SamplingParams(max_tokens=40), 4, f"{kind} {quant}")
+    assert sum(s.accepted for s in stats) > 0, f"the {quant} {kind} head never had a draft accepted"
+
+
+def test_a_head_takes_only_its_own_weight_formats(target, trained, home):
+    source = _with_source(target, home / "target.gguf", b"weights of the tiny target")
+    path = _save(home / "head", source, "eagle", trained)
+    with pytest.raises(AuguryError, match="--draft-quant q4_0 does not apply to a trained head"):
+        METHODS["eagle"].build(source, SimpleNamespace(head=str(path), draft_vocab=0, draft_quant="q4_0"))
+    with pytest.raises(AuguryError, match="unknown head weight format 'int3'"):
+        heads.load_head(path, source, quant="int3")
+    built = METHODS["eagle"].build(source, SimpleNamespace(head=str(path), draft_vocab=0, draft_quant="int8"))
+    assert type(built.head.weights.lm_head).__name__ == "Int8Weight"
+
+
 def test_draft_vocab_keeps_the_most_frequent_tokens(target, home):
     source = _with_source(target, home / "target.gguf", b"x")
     path = _save(home / "head", source)  # counts: token 0 most frequent, then 1, ...

@@ -76,7 +76,7 @@ def test_the_quantized_cases_are_int4_and_int8(greedy_target):
     from augury.models.decoder import LINEAR_FIELDS
     from augury.models.low_bit import int4_matmul_available
 
-    if not int4_matmul_available(greedy_target.decoder):
+    if not int4_matmul_available(greedy_target.decoder.dtype, greedy_target.decoder.device):
         pytest.skip("torch's int4 kernel does not run here: the default falls back to int8")
     formats = {}
     for name in ("quantized", "quantized-int8"):

@@ -164,17 +164,23 @@ class Int4Weight(_LowBitWeight):
         return out[:, : self.rows]  # drop the padding rows
 
 
-def int4_matmul_available(decoder: Decoder, group: int = 32) -> bool:
-    """Whether torch's CPU int4 kernel runs here for this decoder's device and dtype (checked on a tiny case)."""
-    if decoder.device.type != "cpu" or not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+def int4_matmul_available(dtype: torch.dtype, device: torch.device, group: int = 32) -> bool:
+    """Whether torch's CPU int4 kernel runs here for activations of this dtype on this device (a tiny case)."""
+    if device.type != "cpu" or not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
         return False
     try:
-        Int4Weight(torch.ones(8, group, dtype=decoder.dtype), keep_original=False).linear(
-            torch.ones(1, group, dtype=decoder.dtype), None
-        )
+        Int4Weight(torch.ones(8, group, dtype=dtype), keep_original=False).linear(torch.ones(1, group, dtype=dtype), None)
     except (RuntimeError, NotImplementedError):
         return False
     return True
+
+
+def low_bit_weight(weight: Tensor | PackedWeight, fmt: str, *, fused: bool) -> Int8Weight | Int4Weight:
+    """One matmul weight as `fmt` ("int8" or "int4"; int4 where it runs): int4 groups span 32 inputs, so a
+    matrix whose width is no multiple of that stays int8. The original is kept for prefill-sized inputs."""
+    if fmt == "int4" and weight.shape[1] % 32 == 0:
+        return Int4Weight(weight)
+    return Int8Weight(weight, fused=fused)
 
 
 def quantize_decoder(decoder: Decoder, fused: bool | None = None, fmt: str = "int8") -> Decoder:
@@ -184,18 +190,11 @@ def quantize_decoder(decoder: Decoder, fused: bool | None = None, fmt: str = "in
     """
     if fmt not in QUANT_FORMATS:
         raise AuguryError(f"unknown weight format '{fmt}' (choose from {', '.join(QUANT_FORMATS)})")
-    if fmt == "int4" and not int4_matmul_available(decoder):
+    if fmt == "int4" and not int4_matmul_available(decoder.dtype, decoder.device):
         raise AuguryError("int4 weights need torch's CPU int4 kernel (a CPU device); use int8")
     if fused is None:
         fused = int8_matmul_available(decoder.dtype, decoder.device)
-
-    def make(weight):
-        # int4 groups span 32 inputs; a matrix whose width is no multiple of that stays int8.
-        if fmt == "int4" and weight.shape[1] % 32 == 0:
-            return Int4Weight(weight)
-        return Int8Weight(weight, fused=fused)
-
-    return _drafter_copy(decoder, make)
+    return _drafter_copy(decoder, lambda weight: low_bit_weight(weight, fmt, fused=fused))
 
 
 def requantize_decoder(decoder: Decoder, kind: str) -> Decoder:

@@ -115,7 +115,7 @@ def quantize_draft(draft: Model, fmt: str) -> Model:
         fmt = "int4"
     from augury.models.low_bit import int4_matmul_available, quantize_decoder
 
-    if fmt == "int4" and not int4_matmul_available(draft.decoder):
+    if fmt == "int4" and not int4_matmul_available(draft.decoder.dtype, draft.decoder.device):
         fmt = "int8"  # torch's int4 kernel is CPU-only
     return Model(name=draft.name, decoder=quantize_decoder(draft.decoder, fmt=fmt),
                  tokenizer=draft.tokenizer, source=draft.source)

@@ -30,6 +30,7 @@ from torch import Tensor
 from augury.cache import CacheGroup, KVCache, slots_for
 from augury.errors import AuguryError
 from augury.models.decoder import LayerWeights, OneDnnWeight, onednn_packing_available
+from augury.models.low_bit import int4_matmul_available, int8_matmul_available, low_bit_weight
 from augury.models.head import (
     LAYER_PREFIX,
     ROW_LIMIT,
@@ -44,6 +45,7 @@ from augury.models.head import (
 from augury.models.head_file import check_target, read_head
 from augury.models.loader import Model
 from augury.proposers.base import Draft, ProposerBase, Sequence
+from augury.proposers.options import HEAD_DEFAULT_QUANT, HEAD_QUANTS
 from augury.sampling import draw, probabilities, sample
 from augury.verify import VerifyResult
 
@@ -272,19 +274,31 @@ def _block_visibility(n: int, masks: int, width: int, device: torch.device) -> T
 
 
 def head_weights(
-    own: dict[str, Tensor], vocab: Tensor, target: Model, *, dtype: torch.dtype | None = None, pack: bool = True
+    own: dict[str, Tensor], vocab: Tensor, target: Model, *, dtype: torch.dtype | None = None, pack: bool = True,
+    quant: str = "none",
 ) -> HeadWeights:
     """HeadWeights for drafting: the head's own tensors in the target's dtype (packed for oneDNN where that
-    runs), the target's embedding and final norm shared, its output rows at `vocab` copied once."""
+    runs), the target's embedding and final norm shared, its output rows at `vocab` copied once.
+
+    quant: "int8" or "int4" keeps the matmul weights (fc, the layer's, the output rows) in that format
+    for drafting's few rows (a drafted token reads the head's bytes once: fewer bytes, a cheaper draft;
+    the target verifies, so the output stays exact); "none" keeps the dtype.
+    """
+    if quant not in HEAD_QUANTS:
+        raise AuguryError(f"unknown head weight format '{quant}' (choose from {', '.join(HEAD_QUANTS)})")
     embed, final_norm, lm_head = target_parts(target)
     dtype = dtype or target.decoder.dtype
     device = target.decoder.device
     vocab = vocab.to(device=device, dtype=torch.long)
     packing = pack and onednn_packing_available(dtype, device)
+    if quant == "int4" and not int4_matmul_available(dtype, device):
+        quant = "int8"  # torch's int4 kernel is CPU-only
+    fused = quant != "none" and int8_matmul_available(dtype, device)
 
     def matmul(t: Tensor):
         t = t.to(device=device, dtype=dtype).contiguous()
-        return OneDnnWeight(t) if packing else t
+        dense = OneDnnWeight(t) if packing else t
+        return dense if quant == "none" else low_bit_weight(dense, quant, fused=fused)
 
     def plain(name: str, t: Tensor) -> Tensor:  # norms in fp32 (as the decoder keeps them), biases in dtype
         return t.to(device=device, dtype=torch.float32 if name.endswith("norm") else dtype)
@@ -303,9 +317,11 @@ def head_weights(
 
 
 def make_proposer(config: HeadConfig, own: dict[str, Tensor], vocab: Tensor, target: Model,
-                  meta: dict | None = None) -> HeadProposer:
-    """A drafter over `target` from a head's own weights and vocabulary (ids; sorted here)."""
-    return HeadProposer(Head(config, target.config, head_weights(own, vocab.sort().values, target)), meta)
+                  meta: dict | None = None, quant: str = "none") -> HeadProposer:
+    """A drafter over `target` from a head's own weights and vocabulary (ids; sorted here), its matmul
+    weights in `quant` (head_weights)."""
+    return HeadProposer(Head(config, target.config, head_weights(own, vocab.sort().values, target, quant=quant)),
+                        meta)
 
 
 def untrained_proposer(kind: str, target: Model, *, vocab: Tensor | None = None, seed: int = 0,
@@ -317,8 +333,9 @@ def untrained_proposer(kind: str, target: Model, *, vocab: Tensor | None = None,
 
 
 def load_head(path: str | Path, target: Model, *, draft_vocab: int = 0, expect_kind: str | None = None,
-              check_hash: bool = True) -> HeadProposer:
-    """A drafter from a head file, for this target only (hash checked); draft_vocab > 0 keeps the N most frequent."""
+              check_hash: bool = True, quant: str = "none") -> HeadProposer:
+    """A drafter from a head file, for this target only (hash checked); draft_vocab > 0 keeps the N most
+    frequent; quant: its matmul weights' format (head_weights)."""
     meta, tensors = read_head(path)
     if expect_kind is not None and meta["kind"] != expect_kind:
         raise AuguryError(f"head file {path} holds a '{meta['kind']}' head, not '{expect_kind}' "
@@ -336,7 +353,7 @@ def load_head(path: str | Path, target: Model, *, draft_vocab: int = 0, expect_k
     if 0 < draft_vocab < vocab.numel():
         order = counts.argsort(descending=True, stable=True) if counts is not None else torch.arange(vocab.numel())
         vocab = vocab[order[:draft_vocab]].sort().values
-    return make_proposer(config, tensors, vocab, target, meta)
+    return make_proposer(config, tensors, vocab, target, meta, quant)
 
 
 def build(target: Model, options, kind: str | None = None) -> HeadProposer:
@@ -346,7 +363,13 @@ def build(target: Model, options, kind: str | None = None) -> HeadProposer:
     if not path:
         raise AuguryError(f"--draft-method {method} needs --head FILE (train one with `augury train --kind "
                           f"{kind or 'eagle'}`)")
-    return load_head(path, target, draft_vocab=int(getattr(options, "draft_vocab", 0) or 0), expect_kind=kind)
+    quant = getattr(options, "draft_quant", "auto")
+    quant = HEAD_DEFAULT_QUANT if quant == "auto" else quant
+    if quant not in HEAD_QUANTS:
+        raise AuguryError(f"--draft-quant {quant} does not apply to a trained head (choose from auto, "
+                          f"{', '.join(HEAD_QUANTS)})")
+    return load_head(path, target, draft_vocab=int(getattr(options, "draft_vocab", 0) or 0), expect_kind=kind,
+                     quant=quant)
 
 
 def build_mtp(target: Model, options) -> HeadProposer:

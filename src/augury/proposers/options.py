@@ -29,6 +29,9 @@ QUANT_FORMATS = ("int4", "int8")
 # Block types a GGUF drafter's wider blocks may be re-quantized to on load (--draft-quant q4_0).
 BLOCK_REQUANTS = ("q4_0",)
 DRAFT_QUANTS = ("auto", "gguf", *BLOCK_REQUANTS, *QUANT_FORMATS, "none")
+# A trained head's matmul weights while drafting: the target's dtype, or torch's int8 / int4.
+HEAD_QUANTS = ("none", *QUANT_FORMATS)
+HEAD_DEFAULT_QUANT = "none"
 
 
 def opt(default: object, help: str, type: Callable = str) -> object:
@@ -122,6 +125,8 @@ class HeadOptions(LoadOptions):
     head: str | None = opt(None, "a head trained for this target by `augury train` (its folder or head.safetensors)")
     draft_vocab: int = opt(0, "keep only the head's N most frequent tokens (0 = the vocabulary it was trained with)",
                            int)
+    draft_quant: str = opt("auto", f"weight format of the head's matrices while drafting: auto ({HEAD_DEFAULT_QUANT}), "
+                           "none (the target's dtype), int8, or int4 (int8 where torch's int4 kernel does not run)")
 
 
 @dataclass(frozen=True)
