@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from augury.sampling import SamplingParams, probabilities
-from augury.verify import coupled_noise, coupled_sample, verify_coupled
+from augury.verify import coupled_noise, coupled_sample, coupled_sample_reference, verify_coupled
 
 VOCAB = 6
 PROMPT = (3, 1, 4, 1)
@@ -73,6 +73,44 @@ def test_coupled_sample_of_a_one_hot_is_its_token():
         probs = torch.zeros(VOCAB)
         probs[seed % VOCAB] = 1.0
         assert coupled_sample(probs, seed, seed) == seed % VOCAB
+
+
+def test_token_uniforms_are_splitmix64s_numbers_for_any_token_set():
+    """Each token's number against splitmix64 in Python integers (so torch's int64 arithmetic wrapped as
+    64-bit patterns do), for ids anywhere in a 152k vocabulary, whatever other ids are asked with it."""
+    from augury.verify import _MASK64, _key, _mix64, token_uniforms
+
+    ids = torch.tensor([0, 1, 2, 77, 4095, 65_535, 151_935, 2**31 + 5])
+    for seed, position in ((0, 0), (7, 3), (-7, 3), (2**63 + 12345, 10_000)):
+        key = _key(seed, position)
+        want = [(_mix64((key + i * 0x9E3779B97F4A7C15) & _MASK64) >> 11) * 2.0**-53 for i in ids.tolist()]
+        assert token_uniforms(seed, position, ids).tolist() == want
+        alone = [float(token_uniforms(seed, position, ids[j : j + 1])[0]) for j in range(len(ids))]
+        assert alone == want, "a token's number must not depend on the others asked with it"
+    many = token_uniforms(3, 9, torch.arange(151_936))
+    assert 0.0 <= float(many.min()) and float(many.max()) < 1.0
+    assert abs(float(many.mean()) - 0.5) < 0.005 and abs(float(many.var()) - 1 / 12) < 0.002
+
+
+@pytest.mark.parametrize("vocab", [VOCAB, 151_936])
+def test_coupled_sample_on_the_support_is_the_whole_vocabularys_token(vocab):
+    """The support-only draw against the whole-vocabulary reference: truncated rows of every shape (one
+    token, a few, a nucleus, half the vocabulary, a full row, ties), many seeds and positions."""
+    gen = torch.Generator().manual_seed(11)
+    rows = []
+    for kept in (1, 2, 7, 300, vocab // 2, vocab):
+        probs = torch.softmax(torch.randn(vocab, generator=gen) * 2, -1)
+        probs[probs.argsort(descending=True)[kept:]] = 0.0
+        rows.append(probs / probs.sum())
+    tied = torch.zeros(vocab)
+    tied[torch.randperm(vocab, generator=gen)[:64]] = 1 / 64
+    rows.append(tied)
+    for r, probs in enumerate(rows):
+        for seed, position in ((r, 0), (r + 100, 5), (2**40 + r, 77)):
+            assert coupled_sample(probs, seed, position) == coupled_sample_reference(probs, seed, position), (
+                f"row {r} ({int((probs > 0).sum())} tokens kept), seed {seed}, position {position}")
+    with pytest.raises(ValueError, match="all zeros"):
+        coupled_sample(torch.zeros(vocab), 1, 0)
 
 
 def test_bad_positions_are_refused():

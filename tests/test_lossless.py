@@ -397,19 +397,25 @@ def test_nucleus_cut_is_bitwise_its_full_sort_reference():
     gen = torch.Generator().manual_seed(7)
     vocab = 151_936
     rows = [torch.randn(vocab, generator=gen) * scale for scale in (8.0, 4.0, 2.0, 0.5, 0.01)]
-    tied = torch.full((vocab,), -5.0)
-    tied[:3] = 3.0
-    tied[3 : 3 + 3 * NUCLEUS_CANDIDATES] = 0.0  # a tie group straddling the candidates
-    rows += [tied, torch.zeros(vocab)]
+    for stage in NUCLEUS_CANDIDATES:
+        tied = torch.full((vocab,), -5.0)
+        tied[:3] = 3.0
+        tied[3 : 3 + 3 * stage] = 0.0  # a tie group straddling a stage's candidates
+        rows.append(tied)
+    rows.append(torch.zeros(vocab))
     logits = torch.stack(rows)
+    sizes = set()
     for top_p in (0.05, 0.5, 0.9, 0.99, 0.999999):
         probs = torch.softmax(logits, -1)
         fast = nucleus_boundary(probs, top_p)
         assert torch.equal(fast, nucleus_boundary_reference(probs, top_p)), f"top_p {top_p}"
         for i in range(len(rows)):
             assert torch.equal(nucleus_boundary(probs[i : i + 1], top_p), fast[i : i + 1]), f"row {i} alone"
-    peaked = torch.softmax(logits[:1], -1)
-    assert (peaked >= nucleus_boundary(peaked, 0.9)).sum() < NUCLEUS_CANDIDATES  # the shortcut is taken there
+        sizes.update((probs >= fast).sum(-1).tolist())
+    first, last = NUCLEUS_CANDIDATES[0], NUCLEUS_CANDIDATES[-1]
+    stages = {"first": any(n < first for n in sizes), "second": any(first <= n < last for n in sizes),
+              "full sort": any(n >= last for n in sizes)}
+    assert all(stages.values()), f"nuclei of {sorted(sizes)} tokens leave a stage untried: {stages}"
 
 
 @pytest.mark.parametrize("vocab", [16, 1000, 152_064])

@@ -224,7 +224,7 @@ def probabilities(
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)  # below: 0 in fp32, and 0 / 0 is NaN
-    logits = (logits - logits.max(-1, keepdim=True).values) / temperature
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -232,11 +232,13 @@ def probabilities(
     if params.top_p < 1.0:
         probs = probs.masked_fill(probs < nucleus_boundary(probs, params.top_p), 0.0)
     if params.min_p > 0.0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(-1, keepdim=True).values, 0.0)
+        probs = probs.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), 0.0)
     return probs / probs.sum(-1, keepdim=True)
 
 
-NUCLEUS_CANDIDATES = 1024  # tokens sorted first; a nucleus reaching past them sorts its whole row
+# Tokens sorted first, in widening stages (topk of 64 of 152k cost 0.19 ms a row here, of 1024 0.52 ms);
+# a nucleus reaching past the last stage sorts its whole row.
+NUCLEUS_CANDIDATES = (64, 1024)
 
 
 def nucleus_boundary_reference(probs: Tensor, top_p: float) -> Tensor:
@@ -266,19 +268,26 @@ def nucleus_boundary(probs: Tensor, top_p: float) -> Tensor:
 
     Sorting a 151k vocabulary took about 7 ms a row here (a 5-row verification
     paid more for top-p than for the 0.5B's forward). The nucleus almost always
-    lies in the largest NUCLEUS_CANDIDATES probabilities: topk gives them in the
-    same order as a full sort, and a prefix sum over a prefix is the full sum's
-    prefix (cumsum runs in order), so the cut is the same bits. A row whose
-    nucleus may reach past them is cut from its full sort; each row's cut
-    depends on that row alone, whatever rows it is batched with.
+    lies in the largest few probabilities: topk gives them in the same order as
+    a full sort, and a prefix sum over a prefix is the full sum's prefix
+    (cumsum runs in order), so the cut is the same bits. Rows try the
+    NUCLEUS_CANDIDATES stages in turn; a row whose nucleus may reach past the
+    last is cut from its full sort. Each row's cut depends on that row alone,
+    whatever rows it is batched with.
     """
-    if probs.shape[-1] <= 2 * NUCLEUS_CANDIDATES:
+    if probs.shape[-1] <= 2 * NUCLEUS_CANDIDATES[-1]:
         return nucleus_boundary_reference(probs, top_p)
-    boundary, before = _cut(torch.topk(probs, NUCLEUS_CANDIDATES, dim=-1).values, top_p)
-    # Past the candidates only if the mass before the last candidate is still below top_p.
-    wide = (before[:, -1] < top_p).nonzero().flatten()
-    if wide.numel():
-        boundary[wide] = nucleus_boundary_reference(probs[wide], top_p)
+    boundary = probs.new_empty(probs.shape[0], 1)
+    wide = torch.arange(probs.shape[0], device=probs.device)
+    for candidates in NUCLEUS_CANDIDATES:
+        cut, before = _cut(torch.topk(probs[wide], candidates, dim=-1).values, top_p)
+        # Inside the candidates when the mass before the last one already reaches top_p.
+        inside = before[:, -1] >= top_p
+        boundary[wide[inside]] = cut[inside]
+        wide = wide[~inside]
+        if not wide.numel():
+            return boundary
+    boundary[wide] = nucleus_boundary_reference(probs[wide], top_p)
     return boundary
 
 

@@ -147,37 +147,69 @@ def verify_chain(
 # -- coupled (seeded) sampling ------------------------------------------------------------
 
 _MASK64 = (1 << 64) - 1
+_GAMMA, _MUL1, _MUL2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
 def _mix64(x: int) -> int:
     """splitmix64's finalizer: a bijection on 64-bit integers that scatters nearby inputs."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x = (x + _GAMMA) & _MASK64
+    x = ((x ^ (x >> 30)) * _MUL1) & _MASK64
+    x = ((x ^ (x >> 27)) * _MUL2) & _MASK64
     return x ^ (x >> 31)
 
 
-def _exponentials(seed: int, position: int, vocab_size: int, device: torch.device | str) -> Tensor:
-    """E_t = -log U_t: [vocab_size] float64 standard exponentials for (seed, position); g_t = -log E_t."""
-    if position < 0 or vocab_size <= 0:
-        raise ValueError(f"coupled noise needs position >= 0 and vocab_size > 0, got {position} and {vocab_size}")
-    generator = torch.Generator().manual_seed(_mix64(_mix64(seed & _MASK64) ^ position))
-    uniforms = torch.rand(vocab_size, generator=generator, dtype=torch.float64)  # [0, 1): E in (0, inf]
-    return (-torch.log(uniforms)).to(device)
+def _int64(x: int) -> int:
+    """A 64-bit pattern as the signed integer torch's int64 holds."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _shr(x: Tensor, bits: int) -> Tensor:
+    """Logical right shift of int64 bit patterns (torch's >> on int64 keeps the sign), as a new tensor."""
+    return (x >> bits).bitwise_and_((1 << (64 - bits)) - 1)
+
+
+def _key(seed: int, position: int) -> int:
+    if position < 0:
+        raise ValueError(f"coupled noise needs position >= 0, got {position}")
+    return _mix64(_mix64(seed & _MASK64) ^ position)
+
+
+def token_uniforms(seed: int, position: int, ids: Tensor) -> Tensor:
+    """U_t(i) in [0, 1) for each token id of ids [N] (int64): float64 [N], on ids' device.
+
+    Token i's number is `_mix64(key + i * gamma)` with key = a hash of (seed,
+    position): splitmix64's (i + 1)-th output from state key, a function of
+    (seed, position, i) alone. So any set of tokens gets its numbers without
+    drawing the rest of the vocabulary (a sampler over a top-p nucleus of a few
+    hundred tokens reads only those), in any order, on any device. torch's
+    int64 arithmetic wraps as 64-bit patterns do; tests/test_coupled.py checks
+    each number against `_mix64` in Python integers.
+    """
+    z = ids.to(torch.int64, copy=True).add_(1).mul_(_int64(_GAMMA)).add_(_int64(_key(seed, position)))
+    z.bitwise_xor_(_shr(z, 30)).mul_(_int64(_MUL1))  # in place: a full row is 152k numbers
+    z.bitwise_xor_(_shr(z, 27)).mul_(_int64(_MUL2))
+    z.bitwise_xor_(_shr(z, 31))
+    return _shr(z, 11).to(torch.float64).mul_(2.0**-53)  # the top 53 bits: every double in [0, 1) on a grid
 
 
 def coupled_noise(seed: int, position: int, vocab_size: int, device: torch.device | str = "cpu") -> Tensor:
-    """Gumbel noise g_t: [vocab_size] float64 for output position t of a request seeded with `seed`.
+    """Gumbel noise g_t = -log(-log U_t): [vocab_size] float64 for output position t of a request seeded
+    with `seed`.
 
-    A function of (seed, position, vocab_size) alone, never of the batch, K,
-    the drafter or how many numbers were drawn before: each position gets its
-    own CPU generator, seeded by a hash of (seed, position), and the noise is
-    moved to `device` afterwards (a CUDA generator would give other numbers).
-    Positions count output tokens: 0 is the first generated token. A drafter
-    uses the target's vocabulary size, so that token i sees the same noise on
-    both sides.
+    A function of (seed, position, token) alone (`token_uniforms`), never of
+    the batch, K, the drafter or how many numbers were drawn before. Positions
+    count output tokens: 0 is the first generated token. A drafter uses the
+    target's vocabulary size, so that token i sees the same noise on both sides.
     """
-    return -torch.log(_exponentials(seed, position, vocab_size, device))
+    if vocab_size <= 0:
+        raise ValueError(f"coupled noise needs vocab_size > 0, got {vocab_size}")
+    return -torch.log(-torch.log(token_uniforms(seed, position, torch.arange(vocab_size, device=device))))
+
+
+def coupled_sample_reference(probs: Tensor, seed: int, position: int) -> int:
+    """`coupled_sample` over the whole vocabulary: argmax(p / E), E = -log U_position. probs: [V]."""
+    ids = torch.arange(probs.shape[-1], device=probs.device)
+    return int((probs.double() / -torch.log(token_uniforms(seed, position, ids))).argmax())
 
 
 def coupled_sample(probs: Tensor, seed: int, position: int) -> int:
@@ -186,12 +218,20 @@ def coupled_sample(probs: Tensor, seed: int, position: int) -> int:
     Over random seeds this is distributed exactly as probs (the maximum of
     log p_i + Gumbel noise falls on i with probability p_i); tokens of zero
     probability never win, and a one-hot probs (greedy) gives its argmax
-    whatever the seed. Computed as argmax(p / E) with E = exp(-g), the same
-    token without a logarithm per call (on 152k tokens, 2 ms instead of 4 here):
-    drafters and the verifier must both call this function, not re-derive it.
+    whatever the seed. Computed as argmax(p / E) with E = -log U = exp(-g)
+    over the tokens probs can emit only: top-k, top-p and min-p leave a few
+    hundred of 152k, and their numbers come without the others
+    (`token_uniforms`), so a draw costs microseconds where the whole
+    vocabulary's noise cost milliseconds (docs/benchmarks.md 17). The same
+    values in the same index order as `coupled_sample_reference`, so the same
+    token (tests/test_coupled.py). Drafters and the verifier must both call
+    this function, not re-derive it.
     """
-    exponentials = _exponentials(seed, position, probs.shape[-1], probs.device)
-    return int((probs.double() / exponentials).argmax())
+    support = probs.nonzero().flatten()
+    if support.numel() == 0:
+        raise ValueError("coupled sampling needs a distribution with some mass, got all zeros")
+    exponentials = -torch.log(token_uniforms(seed, position, support))
+    return int(support[(probs[support].double() / exponentials).argmax()])
 
 
 def verify_coupled(draft_tokens: list[int], p_target: Tensor, seed: int, start_position: int) -> VerifyResult:
