@@ -292,7 +292,8 @@ def test_first_two_committed_tokens_follow_p_target(drafter, k, params_name, tar
 
 
 def test_default_source_draws_what_the_generator_always_drew():
-    """TorchRandom makes the same torch calls in the same order as before it existed: seeded runs keep their text."""
+    """TorchRandom's calls, pinned: k uniforms first, then the recovered or bonus token through
+    sampling.sample on the same generator (seeded rejection-sampled runs keep their text)."""
     p_target = torch.softmax(torch.randn(3, 7, generator=torch.Generator().manual_seed(0)), -1)
     q_draft = torch.softmax(torch.randn(2, 7, generator=torch.Generator().manual_seed(1)), -1)
     for seed in range(200):
@@ -304,11 +305,11 @@ def test_default_source_draws_what_the_generator_always_drew():
         for i, token in enumerate([2, 5]):
             if uniforms[i] >= verify.accept_probability(p_target[i], q_draft[i], token):
                 residual = verify.recovered_distribution(p_target[i], q_draft[i], token)
-                expected.append(int(torch.multinomial(residual, 1, generator=gen)))
+                expected.append(int(verify.sample(residual[None], gen)[0]))
                 break
             expected.append(token)
         else:
-            expected.append(int(torch.multinomial(p_target[2], 1, generator=gen)))
+            expected.append(int(verify.sample(p_target[2][None], gen)[0]))
         assert result.tokens == expected, f"seed {seed}: {result.tokens} != {expected}"
 
 

@@ -30,6 +30,7 @@ from collections import Counter
 import pytest
 import torch
 
+from augury import verify
 from augury.engine import Engine, GenerationResult
 from augury.proposers.base import Draft, ProposerBase, Sequence, propose_batch
 from augury.sampling import SamplingParams, probabilities
@@ -102,7 +103,7 @@ def test_greedy_battery_fails_for_a_proposer_that_never_drafts(greedy_target):
 
 
 class DraftRecorder:
-    """Wraps a proposer: records every draft, and the torch.multinomial draws on its sequence's generator meanwhile."""
+    """Wraps a proposer: records every draft, and the draws (verify.sample) on its sequence's generator meanwhile."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
@@ -139,15 +140,15 @@ def test_drafters_sample_from_the_q_draft_they_report(case, dtype, monkeypatch):
     vocab = 12
     target = tiny_model(vocab=vocab, seed=5, hidden=32, layers=2, dtype=dtype)
     recorder = DraftRecorder(make_proposer(case, target, seed=6))
-    real_multinomial = torch.multinomial
+    real_sample = verify.sample
 
-    def spy(probs, num_samples, *args, generator=None, **kwargs):
-        out = real_multinomial(probs, num_samples, *args, generator=generator, **kwargs)
+    def spy(probs, generator):
+        out = real_sample(probs, generator)
         if recorder.draws is not None:
             recorder.draws.append((probs.detach().clone(), generator, out))
         return out
 
-    monkeypatch.setattr(torch, "multinomial", spy)
+    monkeypatch.setattr(verify, "sample", spy)
     engine = Engine(target, recorder, k=3)
     params = dict(temperature=0.9, top_k=8, top_p=0.95, repetition_penalty=1.2, frequency_penalty=0.3, max_tokens=20)
     for seed in range(6):
@@ -163,7 +164,7 @@ def test_drafters_sample_from_the_q_draft_they_report(case, dtype, monkeypatch):
         q_draft = draft.q_draft
         assert q_draft.shape == (len(draft), vocab), f"{case.name}: q_draft {tuple(q_draft.shape)} for {len(draft)} tokens"
         assert len(draws) == len(draft), (
-            f"{case.name}: {len(draws)} draws with torch.multinomial on the request's generator for "
+            f"{case.name}: {len(draws)} draws (verify.sample) on the request's generator for "
             f"{len(draft)} drafted tokens: each drafted token must be sampled from its reported q_draft row")
         for i, ((probs, token), drafted) in enumerate(zip(draws, draft.tokens)):
             row = probs.reshape(-1)

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from augury.errors import AuguryError
+from augury import verify
 from augury.verify import coupled_sample
 
 MAX_TOKENS_LIMIT = 1 << 20
@@ -312,8 +313,9 @@ def log_probabilities(
 
 
 def sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
-    """Draw one token per row. probs: [N, V] -> [N] long."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """Draw one token per row, probs [N, V] -> [N] long: `verify.sample`, looked up at each call (the
+    losslessness tests watch every draw there)."""
+    return verify.sample(probs, generator)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:

@@ -90,11 +90,34 @@ class RandomSource(Protocol):
         """One token drawn from probs: [V], a distribution (non-negative, summing to 1)."""
 
 
-class TorchRandom:
-    """The default source: a request's torch.Generator, called exactly as seeded runs have always called it.
+def sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Draw one token per row. probs: [N, V] (non-negative, some mass in each row) -> [N] long.
 
-    uniforms: one torch.rand(k); categorical: one torch.multinomial(probs, 1).
-    Changing either call (or their order) would change every seeded output.
+    The inverse CDF over each row's support, in float64, with one uniform per
+    row from `generator` (the row's mass scaled in, as torch.multinomial did):
+    a draw reads only the tokens the row can emit, where torch.multinomial
+    drew an exponential for every one of 152k tokens (docs/benchmarks.md 17).
+    """
+    device = generator.device if generator is not None else probs.device
+    uniforms = torch.rand(probs.shape[0], generator=generator, dtype=torch.float64, device=device).to(probs.device)
+    tokens = []
+    for row, u in zip(probs, uniforms):
+        support = row.nonzero().flatten()
+        if support.numel() == 0:
+            raise ValueError("sampling needs a distribution with some mass, got all zeros")
+        cdf = row[support].double().cumsum(0)
+        at = torch.searchsorted(cdf, (u * cdf[-1])[None], right=True).clamp_(max=support.numel() - 1)
+        tokens.append(support[at])
+    return torch.cat(tokens)
+
+
+class TorchRandom:
+    """The default source: a request's torch.Generator.
+
+    uniforms: one torch.rand(k); categorical: `sampling.sample` (one float64
+    uniform, the inverse CDF over the support). Changing either call (or their
+    order) changes seeded rejection-sampled outputs
+    (tests/test_exact.py pins them).
     """
 
     def __init__(self, generator: torch.Generator | None) -> None:
@@ -105,7 +128,7 @@ class TorchRandom:
         return torch.rand(k, generator=gen, device=gen.device if gen else "cpu").tolist()
 
     def categorical(self, probs: Tensor) -> int:
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return int(sample(probs[None], self.generator)[0])
 
 
 def verify_chain(
@@ -163,9 +186,9 @@ def _int64(x: int) -> int:
     return x - (1 << 64) if x >= 1 << 63 else x
 
 
-def _shr(x: Tensor, bits: int) -> Tensor:
-    """Logical right shift of int64 bit patterns (torch's >> on int64 keeps the sign), as a new tensor."""
-    return (x >> bits).bitwise_and_((1 << (64 - bits)) - 1)
+def _shr(x: Tensor, bits: int, out: Tensor) -> Tensor:
+    """Logical right shift of int64 bit patterns into `out` (torch's >> on int64 keeps the sign)."""
+    return torch.bitwise_right_shift(x, bits, out=out).bitwise_and_((1 << (64 - bits)) - 1)
 
 
 def _key(seed: int, position: int) -> int:
@@ -186,10 +209,11 @@ def token_uniforms(seed: int, position: int, ids: Tensor) -> Tensor:
     each number against `_mix64` in Python integers.
     """
     z = ids.to(torch.int64, copy=True).add_(1).mul_(_int64(_GAMMA)).add_(_int64(_key(seed, position)))
-    z.bitwise_xor_(_shr(z, 30)).mul_(_int64(_MUL1))  # in place: a full row is 152k numbers
-    z.bitwise_xor_(_shr(z, 27)).mul_(_int64(_MUL2))
-    z.bitwise_xor_(_shr(z, 31))
-    return _shr(z, 11).to(torch.float64).mul_(2.0**-53)  # the top 53 bits: every double in [0, 1) on a grid
+    t = torch.empty_like(z)  # in place with one scratch tensor: a full row is 152k numbers
+    z.bitwise_xor_(_shr(z, 30, t)).mul_(_int64(_MUL1))
+    z.bitwise_xor_(_shr(z, 27, t)).mul_(_int64(_MUL2))
+    z.bitwise_xor_(_shr(z, 31, t))
+    return _shr(z, 11, t).to(torch.float64).mul_(2.0**-53)  # the top 53 bits: every double in [0, 1) on a grid
 
 
 def coupled_noise(seed: int, position: int, vocab_size: int, device: torch.device | str = "cpu") -> Tensor:
