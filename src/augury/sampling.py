@@ -196,8 +196,10 @@ def shaped_logits(
     position = len(output or []) + max(0, len(drafted or []) - logits.shape[0] + 1)  # output position of row 0
     logits = constrained(apply_penalties(logits.float(), params, prompt or [], output or [], drafted or []),
                          params, output, drafted)
-    info = torch.finfo(logits.dtype)
-    return hold_back_eos(logits.clamp(-info.max, info.max), params, position)
+    if params.has_penalties:  # only penalties overflow (a clamp is a pass over 152k logits a row)
+        info = torch.finfo(logits.dtype)
+        logits = logits.clamp(-info.max, info.max)
+    return hold_back_eos(logits, params, position)
 
 
 def probabilities(
@@ -223,7 +225,8 @@ def probabilities(
     """
     logits = shaped_logits(logits, params, prompt, output, drafted)
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        # written into zeros: one_hot builds int64 rows and converts them, 10x the time on 152k tokens
+        return torch.zeros(logits.shape, device=logits.device).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)  # below: 0 in fp32, and 0 / 0 is NaN
     logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     if params.top_k and params.top_k < logits.shape[-1]:
