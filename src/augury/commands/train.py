@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 from augury.errors import AuguryError
 from augury.models.store import DEFAULT_TARGET
@@ -150,7 +151,8 @@ def run_train(args: argparse.Namespace) -> int:
     target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline,
                         progress=not args.quiet)
     outcome = train(target, config, args.out, hours=args.hours, plan=plan, corpus=corpus, resume=args.resume,
-                    features_from=args.features_from, device=args.device, progress=not args.quiet)
+                    features_from=args.features_from, device=args.device, progress=not args.quiet,
+                    log=partial(print, flush=True))  # each milestone reaches a redirected log (nohup) as it happens
     print(f"wrote {outcome.path}: {outcome.steps} steps in {outcome.seconds:.0f} s on {outcome.tokens} tokens "
           f"({outcome.sequences} sequences, {outcome.tokens_seen} seen); held-out alpha by position "
           f"{outcome.alpha} (untrained {outcome.alpha_untrained}); rates {outcome.rates}; "
