@@ -362,3 +362,55 @@ def test_greedy_speculative_equals_plain(method, k):
     assert result.token_ids == plain.token_ids
     assert result.stats.accepted > 0, f"{method} drafted {result.stats.drafted} tokens and none was accepted"
     assert len(result.stats.drafted_at) <= k, "a draft longer than k"
+
+
+@pytest.mark.parametrize("curve", ["flat", "steep"])
+@pytest.mark.parametrize("method", sorted(DRAFTERS))
+def test_greedy_equals_plain_when_the_planner_trims_drafts(method, curve):
+    """The adaptive engine drafts what the matchers offer for free and `Planner.trim` cuts each draft to
+    what its bucket's acceptance pays for at the given cost curve: still the plain text, token for token.
+    On a flat curve (verification free) drafts are kept and accepted; on a steep one (a drafted token
+    costs two plain steps) most are cut to nothing."""
+    target = tiny_model(vocab=8)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
+    costs = {"flat": {t: 30.0 + 0.1 * t for t in range(1, 6)}, "steep": {t: 30.0 + 60.0 * (t - 1) for t in range(1, 6)}}
+    engine = Engine(target, DRAFTERS[method](target), k=4, adaptive=True, curve=costs[curve])
+    engine.planner.costs.observe_target = lambda *args: None  # the plan rests on the curve, not on this machine
+    plain = Engine(target).generate(prompt, GREEDY)
+    result = engine.generate(prompt, GREEDY)
+    assert result.token_ids == plain.token_ids
+    verified = engine.last_plan.k_counts
+    if curve == "flat":
+        assert result.stats.accepted > 0 and engine.planner.by_bucket, f"{method}: {engine.last_plan.line()}"
+    else:
+        assert verified[0] > sum(verified) / 2, f"{method}: most steps should verify nothing: {verified}"
+
+
+def test_matcher_drafts_carry_the_octave_of_their_match_length():
+    """A draft's bucket tells a one-token match (bucket 1) from a long one, for the planner's tallies."""
+    from augury.proposers.base import match_bucket
+
+    assert [match_bucket(n) for n in (1, 2, 3, 4, 7, 8, 15, 16, 400)] == [1, 2, 2, 3, 3, 4, 4, 5, 5]
+    long = list(range(10, 30))
+    for proposer in (SuffixProposer(1), NgramProposer(1, 4)):
+        seq = seq_of([5, 1, 2] + long + [9, 5] + long[:12])  # "5" matches once; the tail matches 12 tokens
+        proposer.start(seq)
+        draft = proposer.propose(seq, 4)
+        assert draft.tokens == long[12:16]
+        expected = match_bucket(12) if isinstance(proposer, SuffixProposer) else match_bucket(4)  # ngram_max 4
+        assert draft.bucket == expected, f"{proposer.name}: bucket {draft.bucket}"
+        short = seq_of([5, 1, 2, 3, 5])
+        proposer.start(short)
+        assert proposer.propose(short, 2).bucket == 1, f"{proposer.name}: a one-token match"
+
+
+def test_hybrid_free_drafts_never_run_the_model():
+    """`propose_free` offers the matcher's draft where it is long enough and nothing otherwise, without
+    starting or running the model part (a hybrid's free drafts on steps the plan gave no draft)."""
+    matcher, model = Recording([1, 2]), Recording([5, 5, 5, 5])
+    hybrid = HybridProposer(matcher, model, min_match_tokens=2)
+    seq = seq_of([0, 1, 2])
+    assert hybrid.propose_free(seq, 4).tokens == [1, 2]
+    matcher.draft = [1]
+    assert hybrid.propose_free(seq, 4).tokens == []
+    assert model.proposed == 0

@@ -183,9 +183,13 @@ class _Alone:
         from augury.metrics import SpecStats
         from augury.sampling import SamplingParams
 
+        from augury.proposers.base import Sequence
+
         self.params = SamplingParams(max_tokens=128)
+        self.seq = Sequence([1, 2, 3], self.params)
         self.stats = SpecStats()
         self.started = False
+        self.done = False
         self.behind = behind
 
     def draft_cap(self) -> int:
@@ -206,3 +210,134 @@ def test_a_probe_starts_a_drafter_only_where_its_catch_up_is_cheap(behind, start
     planner.costs.observe_catch_up(100, 0.2)  # 2 ms a token, as measured when a drafter started
     assert planner.plan([_Alone(behind)]) == ([4] if starts else [0])
     assert planner.probes == 1  # it was a probe in every case
+
+
+class _Drafted(_Alone):
+    """A request whose drafter runs and has drafted: what `Planner.trim` and `observe_step` read too."""
+
+    def __init__(self, draft, seq_id: int) -> None:
+        from augury.proposers.base import Sequence
+
+        super().__init__(0)
+        self.seq = Sequence([1, 2, 3], self.params, id=seq_id)  # the id the planner keys its counts by
+        self.draft = draft
+        self.started = True
+
+
+def _verify(planner: Planner, request: _Drafted, accepted: int, curve: dict[int, float]) -> int:
+    """Trim the request's draft, then report a step that accepted `accepted` of what was kept; returns
+    the kept length."""
+    from augury.step import StepReport
+    from augury.verify import VerifyResult
+
+    planner.trim([request])
+    kept = len(request.draft)
+    result = VerifyResult(kept, min(accepted, kept), [0] * (min(accepted, kept) + 1))
+    planner.observe_step(StepReport([result], [[]], {}, kept + 1, 0.0, curve[kept + 1] / 1e3), [request])
+    return kept
+
+
+def test_trim_verifies_each_kind_of_draft_by_its_own_acceptance():
+    """A matcher's drafts from long matches (bucket 5) are always right, from one-token matches (bucket 1)
+    never. Measured apart, the long ones soon keep all 4 tokens and the short ones are cut to nothing, but
+    for a probe now and then (once after 16 skipped drafts, then after 32: `ProbeTimer`). One tally over
+    both (bucket 0 for all) would price every draft at their mean and keep or cut them alike."""
+    from augury.proposers.base import Draft
+
+    curve = {1: 30.0, 2: 36.0, 3: 42.0, 4: 48.0, 5: 54.0}  # each verified token costs a fifth of a step
+    planner = Planner(4, batched=False, curve=curve, free_drafts=True)
+    kept = {5: [], 1: []}
+    for i in range(120):
+        for bucket, right in ((5, 4), (1, 0)):
+            kept[bucket].append(_verify(planner, _Drafted(Draft([7, 7, 7, 7], bucket=bucket), i), right, curve))
+    assert kept[5][4:] == [4] * 116  # the first under the bucket's prior (0.7, then a falling chain)
+    late_short = kept[1][20:]
+    assert late_short.count(0) >= len(late_short) - 3 and 1 <= len(late_short) - late_short.count(0)
+    assert planner.by_bucket[5].accepted[3] == sum(k == 4 for k in kept[5]) and planner.by_bucket[1].accepted[0] == 0
+
+
+def test_free_drafts_are_always_made_and_left_to_trim():
+    """Past the warm-up, with verification steep and nothing ever accepted, a planner whose proposer drafts
+    at no cost still asks for all K (drafting costs nothing; `trim` decides what is verified); one whose
+    proposer runs a model plans plain steps."""
+    curve = {1: 30.0, 2: 60.0, 3: 90.0, 4: 120.0, 5: 150.0}
+    plans = {}
+    for free in (False, True):
+        planner = Planner(4, batched=False, curve=curve, free_drafts=free)
+        planner.costs.observe_draft(1, 4, 4 * 0.003)
+        for _ in range(200):
+            planner.record_draft(4, 4)
+            planner.record_verified(4, 0)
+        planner.steps = planner.k_max + 2  # past the warm-up, between probes
+        plans[free] = planner.plan([_Alone(0)])
+    assert plans == {False: [0], True: [4]}
+
+
+def test_a_free_draft_the_plan_did_not_ask_for_stays_out_of_the_plans_tally():
+    """A hybrid's matcher draft on a plain step (`step.draft_free`) is verified and measured in its bucket,
+    but says nothing of what asking the proposer for K delivers."""
+    from augury.proposers.base import Draft
+    from augury.step import DraftRound
+
+    curve = {1: 30.0, 2: 30.1, 3: 30.2, 4: 30.3, 5: 30.4}
+    planner = Planner(4, batched=False, curve=curve)
+    request = _Drafted(Draft([7, 7, 7], bucket=3), 1)
+    planner.observe_draft([request], [0], DraftRound(0, 0, 0.0, True, 0, 0.0))
+    assert _verify(planner, request, 3, curve) == 3
+    assert planner.tally.drafted == [0, 0, 0, 0] and planner.drafted == 0
+    assert planner.by_bucket[3].accepted == [1, 1, 1, 0]
+
+
+def test_a_sunk_draft_is_priced_by_verification_alone():
+    """Drafting a token costs 30% of a step and verification is free: not worth drafting (K = 0), but once
+    the draft is made (drafted=True) all of it is worth verifying."""
+    costs = _costs(0.0)
+    costs.observe_draft(1, 4, 4 * 0.003)
+    odds = _odds(0.2, 1)  # a fifth of drafts accepted
+    assert plan_step(costs, odds, [4], [None], 4) == [0]
+    assert plan_step(costs, odds, [4], [None], 4, drafted=True) == [4]
+
+
+def test_the_plans_tally_and_draft_costs_weigh_only_what_a_model_drafted():
+    """For a hybrid, K > 0 buys the model's drafts (its matcher's come free either way): a matcher draft
+    on a planned step and a round that ran no model leave the plan's tally and the drafting cost alone;
+    a model's draft (bucket 0) and its round are counted."""
+    from augury.proposers.base import Draft
+    from augury.step import DraftRound
+
+    curve = {1: 30.0, 2: 30.1, 3: 30.2, 4: 30.3, 5: 30.4}
+    planner = Planner(4, batched=False, curve=curve)
+    matched = _Drafted(Draft([7, 7], bucket=4), 1)
+    planner.observe_draft([matched], [4], DraftRound(1, 2, 0.0001, True, 0, 0.0, forwards=0))
+    _verify(planner, matched, 2, curve)
+    assert planner.tally.drafted == [0, 0, 0, 0] and planner.costs.draft.recent == {}
+    modelled = _Drafted(Draft([7, 7, 7]), 2)
+    planner.observe_draft([modelled], [4], DraftRound(1, 3, 0.009, True, 0, 0.0, forwards=3))
+    _verify(planner, modelled, 1, curve)
+    assert planner.tally.drafted == [1, 1, 1, 0] and planner.tally.accepted == [1, 0, 0, 0]
+    assert planner.costs.draft_round_time(1) == pytest.approx(0.003)
+
+
+
+def test_a_drafters_catch_up_is_spread_over_how_long_outputs_run():
+    """Recent outputs ran 16 tokens: a request 4 tokens in is expected to generate 12 more, not the 124
+    its max_tokens allows, so a drafter whose catch-up costs 40 plain steps is not started for it (spread
+    over 124 tokens it paid), while one 2 tokens behind still is. A request longer than every output seen
+    is expected to run to its cap."""
+    from augury.step_costs import OutputLengths
+
+    lengths = OutputLengths()
+    assert lengths.expected_left(4, 124) == 124  # nothing finished yet
+    for n in (16, 16, 16, 16):
+        lengths.observe(n)
+    assert lengths.expected_left(4, 124) == 12 and lengths.expected_left(20, 100) == 100
+    curve = {1: 30.0, 2: 30.3, 3: 30.6, 4: 30.9, 5: 31.2}
+    planner = Planner(4, batched=False, curve=curve)
+    planner.costs.observe_catch_up(100, 100 * 0.012)  # 12 ms a token: 100 tokens are 40 plain steps
+    planner.costs.observe_draft(1, 4, 4 * 0.001)
+    odds = [DraftOdds.independent(0.8, 4)]
+    args = dict(batched=False, behind=[100], choices=(0, 4))
+    assert plan_step(planner.costs, odds, [123], [None], 4, **args) == [4]
+    assert plan_step(planner.costs, odds, [123], [None], 4, left=[12.0], **args) == [0]
+    assert plan_step(planner.costs, odds, [123], [None], 4, left=[12.0], batched=False, behind=[2],
+                     choices=(0, 4)) == [4]

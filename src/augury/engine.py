@@ -25,7 +25,7 @@ from augury.planner import Planner
 from augury.proposers.base import Proposer
 from augury.request import GenerationResult, Request
 from augury.sampling import SamplingParams
-from augury.step import MAX_K, check_k, draft, prefill, step
+from augury.step import MAX_K, check_k, draft, draft_free, prefill, step
 
 __all__ = ["Chunk", "Engine", "GenerationResult", "MAX_K", "PlanNote", "check_k"]
 
@@ -82,7 +82,8 @@ class Engine:
             from augury.costs import cost_curve_for
 
             curve = curve if curve is not None else cost_curve_for(target, self.k)
-            self.planner = Planner(self.k, batched=False, adaptive=True, curve=curve)
+            self.planner = Planner(self.k, batched=False, adaptive=True, curve=curve,
+                                   free_drafts=getattr(proposer, "drafts_free", False))
 
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Chunk]:
         """Yield text as tokens are committed; the last chunk carries the result."""
@@ -97,13 +98,16 @@ class Engine:
                     ks = self.planner.plan([request]) if self.planner is not None else [self.k]
                     measured = draft(self.proposer, [request], ks)
                     if self.planner is not None:
+                        draft_free(self.proposer, [request], self.k)
+                        self.planner.trim([request])
                         self.planner.observe_draft([request], ks, measured)
+                verified = len(request.draft)
                 report = step(self.target, [request], cache)
                 if report.failures:
                     raise report.failures[0]
                 if self.planner is not None:
-                    self.planner.observe_step(report)
-                    k_counts[ks[0]] += 1
+                    self.planner.observe_step(report, [request])
+                    k_counts[verified] += 1
                 yield from map(Chunk, report.deltas[0])
             if self.planner is not None:
                 self.last_plan = self._plan_note(request, k_counts)

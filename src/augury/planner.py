@@ -25,16 +25,23 @@ K = 0 is plain decoding, so whenever drafting does not pay the planner stops
 drafting. The first k_max + 1 steps try every K once; afterwards a probe
 every `probe_every` steps tries a neighbour of the current choice, the
 interval doubling while the plan holds. Seeded sampled requests always draft
-the configured K. The planner only decides K: `step.py` runs the step. What
-each constant was tuned on is recorded in docs/design.md.
+the configured K.
+
+Once drafted, `trim` cuts each draft to the length that pays by the acceptance
+measured for its kind (`Draft.bucket`: a matcher's match length), pricing the
+target's forward alone, as the drafting is spent. So drafters whose drafts
+cost nothing (`drafts_free`) draft all they may every step, and the plan
+itself weighs what K buys beyond them: a model's drafts. The planner only
+decides lengths: `step.py` runs the step. What each constant was tuned on is
+recorded in docs/design.md.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from augury.draft_odds import DraftOdds, DraftTally
 from augury.request import Request
 from augury.sampling import SamplingParams
 from augury.step import DraftRound, StepReport
@@ -74,86 +81,6 @@ class ProbeTimer:
         return True
 
 
-@dataclass(frozen=True)
-class DraftOdds:
-    """What drafting delivers, per drafted position i (0-based), as measured.
-
-    reach[i]: probability the drafter drafts at least i + 1 tokens when allowed
-    more than i (a confident-drafting drafter stops early when it doubts).
-    accept[i]: probability the first i + 1 drafted tokens are all accepted,
-    given at least i + 1 were drafted. Measured per position rather than
-    derived from one acceptance rate: acceptance is strongly correlated along a
-    draft (a drafter on a roll stays right), which a single independent rate
-    badly underestimates for long drafts.
-    """
-
-    reach: tuple[float, ...]
-    accept: tuple[float, ...]
-
-    @classmethod
-    def independent(cls, alpha: float, k_max: int, continue_rate: float = 1.0) -> "DraftOdds":
-        """Each drafted token accepted with rate alpha independently (the prior before measurements)."""
-        return cls(
-            tuple(continue_rate**i for i in range(k_max)), tuple(alpha ** (i + 1) for i in range(k_max))
-        )
-
-    def tokens(self, k: int) -> float:
-        """Expected tokens one verification commits with k allowed: accepted prefix + the target's own."""
-        return 1.0 + sum(r * a for r, a in zip(self.reach[:k], self.accept[:k]))
-
-    def drafted(self, k: int) -> float:
-        """Expected tokens drafted with k allowed."""
-        return sum(self.reach[:k])
-
-    def scaled(self, factor: float) -> "DraftOdds":
-        """The same odds with acceptance scaled (a request accepting more or less than the server's mean)."""
-        return DraftOdds(self.reach, tuple(min(1.0, a * factor) for a in self.accept))
-
-
-class DraftTally:
-    """Server-wide per-position counts behind `DraftOdds`, with a prior for positions rarely seen."""
-
-    PRIOR_ALPHA = 0.7  # acceptance assumed before anything was measured (a typical same-family drafter)
-    PRIOR_WEIGHT = 4.0  # observations' worth of trust in the prior: a few steps outweigh it
-
-    def __init__(self, k_max: int) -> None:
-        self.allowed = [0] * k_max  # steps that allowed at least i + 1 tokens
-        self.drafted = [0] * k_max  # steps that drafted at least i + 1
-        self.accepted = [0] * k_max  # steps whose first i + 1 drafted tokens were all accepted
-
-    def record_draft(self, allowed: int, drafted: int) -> None:
-        for i in range(allowed):
-            self.allowed[i] += 1
-        for i in range(drafted):
-            self.drafted[i] += 1
-
-    def record_verified(self, accepted: int) -> None:
-        for i in range(accepted):
-            self.accepted[i] += 1
-
-    def odds(self) -> DraftOdds:
-        """Measured odds, each position pulled towards a prior worth PRIOR_WEIGHT observations.
-
-        A position's prior continues the chain measured before it: the odds at
-        i - 1 times the conditional acceptance measured from i - 2 to i - 1
-        (PRIOR_ALPHA at the first position). The independent prior alpha^(i+1)
-        made deep positions look poor exactly where they are drafted least, so
-        a planner that trusted it kept drafting short and never measured the
-        long drafts a confident drafter gets right (measured in docs/design.md).
-        """
-        w = self.PRIOR_WEIGHT
-        reach = tuple((d + w) / (n + w) for d, n in zip(self.drafted, self.allowed))
-        accept: list[float] = []
-        for a, d in zip(self.accepted, self.drafted):
-            if not accept:
-                prior = self.PRIOR_ALPHA
-            else:
-                before = accept[-2] if len(accept) > 1 else 1.0
-                prior = accept[-1] * min(1.0, accept[-1] / max(before, 1e-9))
-            accept.append((a + w * prior) / (d + w))
-        return DraftOdds(reach, tuple(accept))
-
-
 def plan_step(
     costs: StepCosts,
     odds: list[DraftOdds],
@@ -163,8 +90,10 @@ def plan_step(
     *,
     batched: bool = False,
     behind: list[int] | None = None,
+    left: list[float] | None = None,
     margin: float = 0.0,
     choices: Sequence[int] | None = None,
+    drafted: bool = False,
 ) -> list[int]:
     """Per-sequence draft lengths for one step: the common K that maximizes expected tokens per second.
 
@@ -174,28 +103,31 @@ def plan_step(
     round (rounds = the longest draft), rather than one sequence at a time.
     behind: tokens each sequence's drafter must first catch up on (all of them
     if it never drafted). That one-off cost buys drafting for the rest of the
-    request, so it is spread over the steps the request has left (caps[r] + 1
-    tokens at E_r(k) a step).
+    request, so it is spread over the steps the request has left (left[r]
+    tokens, default caps[r] + 1, at E_r(k) a step).
     margin: how much faster than plain decoding (K = 0) drafting must be
     predicted to be before it is chosen (0.1 = 10%).
     choices: the common Ks to consider (default 0..k_max).
+    drafted: the drafts are already made (their cost is spent), so only the
+    target's forward is priced: how much of each draft to verify (`Planner.trim`).
     """
     rows = len(odds)
     behind = behind or [0] * rows
+    left = left or [cap + 1 for cap in caps]
     best, best_rate = [0] * rows, -1.0
     for k in range(k_max + 1) if choices is None else sorted(choices):
         ks = [min(f if f is not None else k, cap) for f, cap in zip(fixed, caps)]
         tokens = sum(o.tokens(kr) for o, kr in zip(odds, ks))
         drafting = [(o, kr) for o, kr in zip(odds, ks) if kr > 0]
-        if not drafting:
+        if not drafting or drafted:
             draft_s = 0.0
         elif batched and len(drafting) > 1:
             draft_s = max(kr for _, kr in drafting) * costs.draft_round_time(len(drafting))
         else:
             draft_s = sum(o.drafted(kr) for o, kr in drafting) * costs.draft_round_time(1)
-        for o, kr, late, cap in zip(odds, ks, behind, caps):
+        for o, kr, late, tokens_left in zip(odds, ks, behind, left):
             if kr > 0 and late:
-                steps_left = max(1.0, (cap + 1) / o.tokens(kr))
+                steps_left = max(1.0, tokens_left / o.tokens(kr))
                 draft_s += late * costs.catch_up_per_token / steps_left
         seconds = costs.target_time(rows, 1 + max(ks)) + draft_s
         rate = tokens / max(seconds, 1e-9)
@@ -236,13 +168,22 @@ class Planner:
         adaptive: bool = True,
         probe_every: int = 16,
         curve: dict[int, float] | None = None,
+        free_drafts: bool = False,
     ) -> None:
         """curve: the target's measured forward milliseconds by new tokens for one sequence (`augury
-        profile`, `costs.load_cost_curve`): a prior for the step costs before this run measured its own."""
+        profile`, `costs.load_cost_curve`): a prior for the step costs before this run measured its own.
+        free_drafts: the proposer's drafts cost no model forward (`Proposer.drafts_free`): every step
+        drafts all it may, and `trim` alone decides what is verified."""
         self.k_max = k_max
         self.batched = batched
         self.adaptive = adaptive
-        self.tally = DraftTally(k_max)
+        self.free_drafts = free_drafts
+        self.tally = DraftTally(k_max)  # every verified draft: what asking for K delivers
+        self.by_bucket: dict[int, DraftTally] = {}  # the same, per kind of draft (`Draft.bucket`)
+        self.bucket_probes: dict[int, ProbeTimer] = {}  # when a bucket trimmed to nothing is verified anyway
+        self.bucket_skips: dict[int, int] = {}  # drafts of each bucket trimmed to nothing so far
+        self.verifying: dict[int, int] = {}  # sequence id -> the bucket of the draft its next step verifies
+        self.planned: dict[int, int] = {}  # sequence id -> tokens the plan let its next step's draft have
         self.costs = StepCosts()
         for tokens, ms in sorted((curve or {}).items()):
             self.costs.observe_rows(tokens, ms / 1000.0)
@@ -253,24 +194,44 @@ class Planner:
         self.steps = 0
         self.probes = 0
         self.planned_k = 0  # the K the cost model chose last (probes try its neighbours)
+        self.probe_every = probe_every
         self.probe_timer = ProbeTimer(probe_every)
 
     # -- what the steps measured ------------------------------------------------------------
 
     def observe_draft(self, requests: list[Request], ks: list[int], measured: DraftRound) -> None:
-        """What one `draft` call over `requests` (asked for `ks`) delivered and cost."""
+        """What one `draft` call over `requests` (asked for `ks`) cost; what it delivered is counted when its
+        step is observed, as long as `trim` left each draft."""
         for request, k in zip(requests, ks):
-            self.record_draft(min(k, request.draft_cap()), len(request.draft))
+            allowed = min(k, request.draft_cap())
+            # The plan's tally is what asking for K buys beyond the free drafts: a draft of bucket 0 (a
+            # model's). A matcher's draft (a hybrid's, or one the plan did not ask for, `step.draft_free`)
+            # is measured in its own bucket only, so that a hybrid's plan weighs its model alone.
+            if allowed and request.draft.bucket == 0:
+                self.planned[request.seq.id] = allowed
         if measured.started_tokens:
             self.costs.observe_catch_up(measured.started_tokens, measured.start_s)
-        if measured.rounds and measured.in_step:
+        if measured.rounds and measured.in_step and measured.forwards:  # a round that ran no model is free
             self.costs.observe_draft(measured.rows, measured.rounds, measured.seconds)
 
-    def observe_step(self, report: StepReport) -> None:
-        """What one `step` verified, and what its target forward cost."""
-        for result in report.results:
-            if result is not None:
+    def observe_step(self, report: StepReport, requests: list[Request]) -> None:
+        """What one `step` over `requests` (in the step's order) verified, and what its target forward cost."""
+        for request, result in zip(requests, report.results):
+            if result is None:
+                continue
+            if request.done:  # how long outputs run, for what a drafter's catch-up is spread over
+                self.costs.lengths.observe(len(request.seq.output))
+            allowed = self.planned.pop(request.seq.id, 0)
+            if allowed:
+                self.record_draft(allowed, result.num_drafted)
                 self.record_verified(result.num_drafted, result.num_accepted)
+            bucket = self.verifying.pop(request.seq.id, None)
+            if bucket is not None and result.num_drafted:
+                tally = self.by_bucket.setdefault(bucket, DraftTally(self.k_max))
+                tally.record_draft(result.num_drafted, result.num_drafted)
+                tally.record_verified(result.num_accepted)
+        self.planned.clear()  # drafts of requests that left before their step (cancelled) are not kept
+        self.verifying.clear()
         if report.rows:
             self.costs.observe_rows(report.rows, report.forward_s)
         if not report.prompt_rows:  # a step that fed prompt pieces says nothing of a decode step's cost
@@ -353,7 +314,7 @@ class Planner:
         # coupled ones give the same text at any K, so the planner may choose theirs.
         fixed = [self.k_max if load_dependent(r.params) else None for r in requests]
         self.steps += 1
-        if not self.adaptive:
+        if not self.adaptive or self.free_drafts:  # free drafts: `trim` decides what is verified
             return [min(self.k_max, cap) for cap in caps]
         alone = len(requests) == 1
         # A sequence alone drafts all it may or not at all: a drafter that stops
@@ -380,15 +341,63 @@ class Planner:
         ks = plan_step(
             self.costs, [odds.scaled(self._alpha(r) / max(self.alpha, 1e-3)) for r in requests], caps, fixed,
             self.k_max, batched=self.batched, behind=[r.catch_up() for r in requests],
+            left=[self._tokens_left(r) for r in requests],
             margin=0.0 if alone else self.DRAFT_MARGIN, choices=candidates,
         )
         self.planned_k = max((k for k, f in zip(ks, fixed) if f is None), default=self.planned_k)
         return ks
 
+    def trim(self, requests: list[Request]) -> None:
+        """Cut each request's draft to what is worth verifying, by the acceptance measured for its bucket.
+
+        The drafts are made by now and their cost is spent; what is left to
+        choose is the width of the target's forward, which the cost curve
+        prices, against the tokens each draft's bucket is expected to commit
+        (`plan_step` with drafted=True). A matcher's draft from a one-token
+        match and one from a sixteen-token match are different bets, and one
+        acceptance rate over both made the planner stop drafting for both
+        (docs/benchmarks.md 19). Seeded requests sampled by rejection keep their
+        whole draft (their text depends on its length). A bucket trimmed to
+        nothing is verified anyway now and then (its own `ProbeTimer`), since
+        its acceptance is measured only where it is verified.
+        """
+        self.verifying.clear()
+        if not self.adaptive:
+            return
+        drafts = [r.draft for r in requests]
+        if not any(len(d) for d in drafts):
+            return
+        fixed = [len(d) if load_dependent(r.params) else None for r, d in zip(requests, drafts)]
+        odds = [self._verified_odds(d.bucket) for d in drafts]
+        keep = plan_step(self.costs, odds, [len(d) for d in drafts], fixed, self.k_max, batched=self.batched,
+                         drafted=True)
+        for request, draft, k in zip(requests, drafts, keep):
+            if not len(draft):
+                continue
+            if k == 0:
+                skips = self.bucket_skips[draft.bucket] = self.bucket_skips.get(draft.bucket, 0) + 1
+                timer = self.bucket_probes.setdefault(draft.bucket, ProbeTimer(self.probe_every))
+                if timer.due(skips, 0):
+                    k = len(draft)
+            request.draft = draft.truncated(k)
+            if k:
+                self.verifying[request.seq.id] = draft.bucket
+
+    def _verified_odds(self, bucket: int) -> DraftOdds:
+        """What verifying i + 1 tokens of a draft made in `bucket` commits: every drafted token is there to
+        verify (reach 1), each position accepted as measured for the bucket (its prior before that)."""
+        tally = self.by_bucket.get(bucket) or DraftTally(self.k_max)
+        accept = tally.odds().accept
+        return DraftOdds((1.0,) * len(accept), accept)
+
+    def _tokens_left(self, request: Request) -> float:
+        """Tokens the request is expected to still generate (`OutputLengths`), at most what it may."""
+        return self.costs.lengths.expected_left(len(request.seq.output), request.draft_cap() + 1)
+
     def _start_is_cheap(self, request: Request) -> bool:
         """Whether a probe may start this sequence's drafter: its catch-up (a draft model's prefill of
-        the whole sequence) costs at most PROBE_START_SHARE of the plain time of what the request may
-        still generate, or PROBE_START_STEPS plain steps, whichever is more, at the measured rates.
+        the whole sequence) costs at most PROBE_START_SHARE of the plain time of what the request is
+        expected to still generate (`_tokens_left`), or PROBE_START_STEPS plain steps, whichever is more, at the measured rates.
 
         A probe measures one step; on a long prompt, starting a model drafter for it costs more than
         the probe can win back. Shorter prompts keep their probes: without them a planner whose first
@@ -397,7 +406,7 @@ class Planner:
         (`plan_step`'s `behind`).
         """
         step = self.costs.target_time(1, 1)
-        allowed = max(self.PROBE_START_STEPS * step, self.PROBE_START_SHARE * step * (request.draft_cap() + 1))
+        allowed = max(self.PROBE_START_STEPS * step, self.PROBE_START_SHARE * step * self._tokens_left(request))
         return request.catch_up() * self.costs.catch_up_per_token <= allowed
 
     @staticmethod

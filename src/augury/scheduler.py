@@ -52,7 +52,8 @@ from augury.prefix_cache import PrefixCache, kv_bytes_per_token
 from augury.proposers.base import Proposer, batches
 from augury.request import Request, TokenLogprob
 from augury.sampling import SamplingParams
-from augury.step import DraftRound, check_k, draft, needs_prompt_states, prefill, prefill_drafters, starts_eagerly, step
+from augury.step import (DraftRound, check_k, draft, draft_free, needs_prompt_states, prefill, prefill_drafters,
+                         starts_eagerly, step)
 from augury.tickets import (
     Admitted,
     Event,
@@ -94,7 +95,7 @@ class Scheduler:
         self.config = config
         k_max = check_k(config.k) if proposer is not None else 0
         self.planner = Planner(
-            k_max, batched=proposer is not None and batches(proposer),
+            k_max, batched=proposer is not None and batches(proposer), free_drafts=getattr(proposer, "drafts_free", False),
             adaptive=config.adaptive_k, probe_every=config.probe_every, curve=_cost_curve(target),
         )
         if config.prefill_chunk is not None and (not isinstance(config.prefill_chunk, int) or config.prefill_chunk < 0):
@@ -345,7 +346,7 @@ class Scheduler:
             self._emit_deltas(ticket, report.deltas[b])
             if ticket.request.done:
                 finished.append((ticket, None))
-        self.planner.observe_step(report)
+        self.planner.observe_step(report, requests)
         self.stats.steps += 1
         self.stats.draft_s += draft_s
         share = report.prompt_rows / max(report.rows, 1)
@@ -393,19 +394,19 @@ class Scheduler:
         (coupled ones cannot depend on it).
         """
         drafting = [(t, k) for t, k in zip(tickets, ks) if min(k, t.request.draft_cap()) > 0]
-        drafting = self._drafters_in_pieces(drafting, len(tickets))
-        if not drafting:
-            return
+        drafting, k_max = self._drafters_in_pieces(drafting, len(tickets)), self.planner.k_max
         seeded = [(t, k) for t, k in drafting if load_dependent(t.request.params)]
         shared = [(t, k) for t, k in drafting if (t, k) not in seeded]
         groups = [[tk] for tk in seeded] + ([shared] if self.planner.batched else [[tk] for tk in shared])
-        for group in groups:
-            if not group:
-                continue
-            tickets, ks = [t for t, _ in group], [k for _, k in group]
-            measured = self._drafting(tickets, "drafting", lambda: draft(self.proposer, [t.request for t in tickets], ks))
+        for group in filter(None, groups):
+            members, ks = [t for t, _ in group], [k for _, k in group]
+            measured = self._drafting(members, "drafting", lambda: draft(self.proposer, [t.request for t in members], ks))
             if measured is not None:
-                self.planner.observe_draft([t.request for t in tickets], ks, measured)
+                self.planner.observe_draft([t.request for t in members], ks, measured)
+        live = [t for t in tickets if t in self._running]  # a failed drafter released its own
+        if self.planner.adaptive:  # free drafts where the plan gave none; then what of each draft pays (one width)
+            self._drafting(live, "drafting", lambda: draft_free(self.proposer, [t.request for t in live], k_max))
+        self.planner.trim([t.request for t in live])
 
     def _drafting(self, tickets: list[Ticket], what: str, run: Callable[[], DraftRound]) -> DraftRound | None:
         """run() on these tickets' drafter; if it raises, each of them fails alone (logged) and None comes back."""

@@ -116,6 +116,7 @@ class DraftRound:
     in_step: bool  # every drafter was in step (no catch-up beyond a step's usual one or two tokens)
     started_tokens: int  # tokens the drafters started here had to prefill
     start_s: float  # seconds those starts took
+    forwards: int = 0  # drafter forwards the drafting ran (0: no model ran, a matcher drafted)
 
 
 def draft(proposer: Proposer, requests: list[Request], ks: list[int]) -> DraftRound:
@@ -150,7 +151,23 @@ def draft(proposer: Proposer, requests: list[Request], ks: list[int]) -> DraftRo
         request.stats.draft_s += (t2 - t0) / len(live)
         request.stats.draft_forwards += forwards
     longest = max(len(d) for d in drafts)
-    return DraftRound(len(live), longest, t2 - t1, in_step, sum(len(r.seq.tokens) for r in started), t1 - t0)
+    return DraftRound(len(live), longest, t2 - t1, in_step, sum(len(r.seq.tokens) for r in started), t1 - t0,
+                      forwards)
+
+
+def draft_free(proposer: Proposer, requests: list[Request], k: int) -> None:
+    """The proposer's free drafts (`propose_free`: the part of it that runs no model, a hybrid's matcher)
+    for requests the plan gave no draft, up to k tokens each; `Planner.trim` then decides whether any of
+    a free draft is worth verifying. Nothing for a proposer without free drafts."""
+    propose_free = getattr(proposer, "propose_free", None)
+    if propose_free is None or k <= 0:
+        return
+    for request in requests:
+        cap = min(k, request.draft_cap())
+        if cap > 0 and not len(request.draft) and not request.prefilling:
+            t0 = time.perf_counter()
+            request.draft = propose_free(request.seq, cap)
+            request.stats.draft_s += time.perf_counter() - t0
 
 
 def prefill_drafters(proposer: Proposer, requests: list[Request], counts: list[int]) -> DraftRound:

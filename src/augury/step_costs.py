@@ -4,8 +4,9 @@
 shape once it was seen a few times, a discounted least-squares line over all
 sizes before that); `StepCosts` holds one for the batched target step by
 (rows, block), one for a target forward by its activation rows alone (ragged
-steps and prompt pieces: `Planner.step_rows`), one for drafting rounds, and
-the drafter's catch-up rate. Split from planner.py, which decides with them.
+steps and prompt pieces: `Planner.step_rows`), one for drafting rounds, the
+drafter's catch-up rate, and how long outputs run (`OutputLengths`, what a
+catch-up is spread over). Split from planner.py, which decides with them.
 """
 
 from __future__ import annotations
@@ -59,6 +60,31 @@ class ShapeCosts:
         return a + b * size
 
 
+class OutputLengths:
+    """How long outputs run, from the last requests that finished: the tokens a running request is
+    expected to still generate, over which a drafter's catch-up (its prefill of the prompt) is spread.
+
+    Spread over the request's max_tokens instead, a drafter was started for a
+    741-token prompt whose answer ended after 16 tokens: 1.91 s of the 0.5B's
+    prefill against under a second of decoding (docs/benchmarks.md 19c).
+    """
+
+    RECENT = 64  # finished requests remembered
+
+    def __init__(self) -> None:
+        self.recent: collections.deque[int] = collections.deque(maxlen=self.RECENT)
+
+    def observe(self, generated: int) -> None:
+        self.recent.append(generated)
+
+    def expected_left(self, generated: int, cap: int) -> float:
+        """Tokens a request that has generated `generated` is expected to still generate, at most `cap`: the
+        mean of what the recent outputs longer than that ran on for; `cap` when none ran that long (or none
+        finished yet)."""
+        longer = [n - generated for n in self.recent if n > generated]
+        return min(float(cap), statistics.fmean(longer)) if longer else float(cap)
+
+
 class StepCosts:
     """What a step costs: the batched target forward by (rows, block), and one drafting round
     (one drafter forward for the sequences drafting together) by how many sequences it serves."""
@@ -76,6 +102,7 @@ class StepCosts:
         self.rows = ShapeCosts()  # a target forward by its activation rows alone (ragged blocks, prompt pieces)
         self.draft = ShapeCosts()
         self.catch_up_per_token = 0.0  # drafter seconds per token it must catch up on (its prefill rate)
+        self.lengths = OutputLengths()  # how long outputs run: what a catch-up is spread over
 
     def observe_target(self, rows: int, block: int, seconds: float) -> None:
         self.target.observe((rows, block), rows * block, seconds)

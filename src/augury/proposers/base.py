@@ -55,13 +55,40 @@ class Draft:
     tokens: up to k token ids (may be empty: nothing worth proposing).
     q_draft: [len(tokens), V] probabilities they were sampled from, or None
         for a deterministic proposal (verified as a point mass, still lossless).
+    bucket: what kind of draft this is, for a proposer that can tell drafts
+        likely to be accepted from unlikely ones (a matcher: the octave of its
+        match length, `match_bucket`); 0 when it cannot. The planner measures
+        acceptance per bucket and verifies only as much of a draft as its
+        bucket's acceptance pays for (`Planner.trim`).
     """
 
     tokens: list[int]
     q_draft: Tensor | None = None
+    bucket: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def truncated(self, k: int) -> "Draft":
+        """The first k drafted tokens (and their q_draft rows), of the same bucket."""
+        if k >= len(self.tokens):
+            return self
+        q_draft = self.q_draft[:k] if self.q_draft is not None else None
+        return Draft(self.tokens[:k], q_draft, self.bucket)
+
+
+MATCH_BUCKETS = 5  # match lengths 1, 2-3, 4-7, 8-15 and 16 or more
+
+
+def match_bucket(length: int) -> int:
+    """A matcher's draft bucket: the octave of its match length (1, 2-3, 4-7, 8-15, 16+ -> 1..5).
+
+    The longer the context a matcher found again, the likelier its
+    continuation is right (on Spec-Bench, greedy, 1.5B: first-token acceptance
+    rose from about 0.2 at one matched token to about 0.8 past eight; dated in
+    docs/benchmarks.md), so drafts are told apart by octave of the length.
+    """
+    return min(max(length, 1), 1 << (MATCH_BUCKETS - 1)).bit_length()
 
 
 @runtime_checkable
@@ -79,11 +106,14 @@ class Proposer(Protocol):
       not), so it is started with the prompt and never left out. A proposer
       without it is started lazily, on the first step that drafts for the
       sequence, and must catch up by itself on what it missed.
+    - drafts_free: its drafts cost no model forward (a matcher), so a planner
+      lets it draft all it may every step and then verifies what pays.
     """
 
     name: str
     needs_hidden: bool
     needs_every_step: bool
+    drafts_free: bool
     hidden_layers: tuple[int, ...]
 
     def start(self, seq: Sequence, prompt_hidden: Tensor | None = None) -> None:
@@ -117,6 +147,9 @@ class Proposer(Protocol):
     # them), and `start_batch(seqs)` starts several lazily started sequences
     # at once (one drafter prefill for all). Callers go through `propose_batch`
     # and `start_batch` below, which fall back to one call per sequence.
+    # `propose_free(seq, k) -> Draft` drafts with only the part of a proposer
+    # that runs no model (a hybrid's matcher), on steps the planner gave no
+    # draft; it must work on a sequence the proposer was never started for.
     # `prefill_batch(seqs, counts) -> list[int]` feeds a lazily started drafter
     # a piece of what it has not seen, drafting nothing (the batching
     # scheduler starts a drafter on a long prompt a piece per step with it).
@@ -151,6 +184,7 @@ class ProposerBase:
     name = "base"
     needs_hidden = False
     needs_every_step = False
+    drafts_free = False
     hidden_layers: tuple[int, ...] = ()
     forwards = 0
 

@@ -87,6 +87,12 @@ class HybridProposer(ProposerBase):
                 drafts[i] = draft
         return drafts
 
+    def propose_free(self, seq: Sequence, k: int) -> Draft:
+        """The matcher's draft where it is long enough, else none: what this proposer drafts at no cost,
+        offered on steps the planner gave no draft (`step.draft_free`); the model part is never run."""
+        draft = self.matcher.propose(seq, k)
+        return draft if len(draft) >= min(k, self.min_match_tokens) else Draft([])
+
     def on_step(self, seq: Sequence, result: VerifyResult, hidden=None) -> None:
         """Both parts hear every step; each rolls back only what it drafted itself."""
         self.matcher.on_step(seq, result, hidden)

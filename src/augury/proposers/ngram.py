@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers.base import Draft, ProposerBase, Sequence
+from augury.proposers.base import Draft, ProposerBase, Sequence, match_bucket
 
 
 def check_ngram_range(ngram_min: int, ngram_max: int) -> None:
@@ -52,20 +52,22 @@ class NgramIndex:
                 self.after[tuple(tokens[end - n : end])] = end
         self.indexed = max(self.indexed, len(tokens) - 1)
 
-    def lookup(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix."""
+    def lookup(self, tokens: list[int], k: int) -> tuple[list[int], int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix,
+        and that suffix's length (0: no match)."""
         self.update(tokens)
         for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
             start = self.after.get(tuple(tokens[len(tokens) - n :]))
             if start is not None:
-                return tokens[start : start + k]
-        return []
+                return tokens[start : start + k], n
+        return [], 0
 
 
 class NgramProposer(ProposerBase):
     """Prompt lookup over the sequence itself (prompt and generated tokens)."""
 
     name = "ngram"
+    drafts_free = True
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 4) -> None:
         check_ngram_range(ngram_min, ngram_max)
@@ -83,7 +85,8 @@ class NgramProposer(ProposerBase):
         self._index(seq).update(seq.tokens)
 
     def propose(self, seq: Sequence, k: int) -> Draft:
-        return Draft(self._index(seq).lookup(seq.tokens, k))
+        tokens, n = self._index(seq).lookup(seq.tokens, k)
+        return Draft(tokens, bucket=match_bucket(n)) if tokens else Draft([])
 
     def finish(self, seq: Sequence) -> None:
         self.indexes.pop(seq.id, None)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers.base import Draft, ProposerBase, Sequence
+from augury.proposers.base import Draft, ProposerBase, Sequence, match_bucket
 from augury.proposers.ngram import check_ngram_range
 
 SEPARATOR = -1  # ends each document in the corpus; never a token, so no match runs across it
@@ -202,6 +202,7 @@ class SuffixProposer(ProposerBase):
     """Drafts from the longest suffix match in the sequence itself or in the corpus of earlier outputs."""
 
     name = "suffix"
+    drafts_free = True
 
     def __init__(self, ngram_min: int = 1, corpus: SuffixCorpus | None = None) -> None:
         check_ngram_range(ngram_min, ngram_min)
@@ -241,7 +242,7 @@ class SuffixProposer(ProposerBase):
                 break
             tokens = automaton.continuation(match, k)
             if tokens:
-                return Draft(tokens)
+                return Draft(tokens, bucket=match_bucket(length))
         return Draft([])
 
     def finish(self, seq: Sequence) -> None:
