@@ -254,6 +254,8 @@ def test_trim_verifies_each_kind_of_draft_by_its_own_acceptance():
     late_short = kept[1][20:]
     assert late_short.count(0) >= len(late_short) - 3 and 1 <= len(late_short) - late_short.count(0)
     assert planner.by_bucket[5].accepted[3] == sum(k == 4 for k in kept[5]) and planner.by_bucket[1].accepted[0] == 0
+    # A model's draft (bucket 0) keeps the length its drafter chose, however its kind fared.
+    assert all(_verify(planner, _Drafted(Draft([7, 7, 7, 7]), 500 + i), 0, curve) == 4 for i in range(40))
 
 
 def test_free_drafts_are_always_made_and_left_to_trim():

@@ -356,8 +356,9 @@ class Planner:
         (`plan_step` with drafted=True). A matcher's draft from a one-token
         match and one from a sixteen-token match are different bets, and one
         acceptance rate over both made the planner stop drafting for both
-        (docs/benchmarks.md 19). Seeded requests sampled by rejection keep their
-        whole draft (their text depends on its length). A bucket trimmed to
+        (docs/benchmarks.md 19). Drafts of bucket 0 (a model's) and seeded
+        requests sampled by rejection keep their whole draft (their text depends
+        on its length). A bucket trimmed to
         nothing is verified anyway now and then (its own `ProbeTimer`), since
         its acceptance is measured only where it is verified.
         """
@@ -367,20 +368,23 @@ class Planner:
         drafts = [r.draft for r in requests]
         if not any(len(d) for d in drafts):
             return
-        fixed = [len(d) if load_dependent(r.params) else None for r, d in zip(requests, drafts)]
+        # A draft without a bucket (a model's) keeps the length the plan and the drafter's own doubt
+        # gave it: cutting a drafter that stops when it doubts by its average acceptance cut its
+        # confident drafts short (`augury demo`: tau 3.22 -> 2.83, docs/benchmarks.md 19c).
+        fixed = [len(d) if d.bucket == 0 or load_dependent(r.params) else None for r, d in zip(requests, drafts)]
         odds = [self._verified_odds(d.bucket) for d in drafts]
         keep = plan_step(self.costs, odds, [len(d) for d in drafts], fixed, self.k_max, batched=self.batched,
                          drafted=True)
         for request, draft, k in zip(requests, drafts, keep):
             if not len(draft):
                 continue
-            if k == 0:
+            if k == 0 and draft.bucket:
                 skips = self.bucket_skips[draft.bucket] = self.bucket_skips.get(draft.bucket, 0) + 1
                 timer = self.bucket_probes.setdefault(draft.bucket, ProbeTimer(self.probe_every))
                 if timer.due(skips, 0):
                     k = len(draft)
             request.draft = draft.truncated(k)
-            if k:
+            if k and draft.bucket:
                 self.verifying[request.seq.id] = draft.bucket
 
     def _verified_odds(self, bucket: int) -> DraftOdds:
@@ -397,7 +401,8 @@ class Planner:
     def _start_is_cheap(self, request: Request) -> bool:
         """Whether a probe may start this sequence's drafter: its catch-up (a draft model's prefill of
         the whole sequence) costs at most PROBE_START_SHARE of the plain time of what the request is
-        expected to still generate (`_tokens_left`), or PROBE_START_STEPS plain steps, whichever is more, at the measured rates.
+        expected to still generate (`_tokens_left`), or PROBE_START_STEPS plain steps, whichever is
+        more, at the measured rates.
 
         A probe measures one step; on a long prompt, starting a model drafter for it costs more than
         the probe can win back. Shorter prompts keep their probes: without them a planner whose first
