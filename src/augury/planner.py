@@ -194,7 +194,6 @@ class Planner:
         self.steps = 0
         self.probes = 0
         self.planned_k = 0  # the K the cost model chose last (probes try its neighbours)
-        self.probe_every = probe_every
         self.probe_timer = ProbeTimer(probe_every)
 
     # -- what the steps measured ------------------------------------------------------------
@@ -358,33 +357,30 @@ class Planner:
         acceptance rate over both made the planner stop drafting for both
         (docs/benchmarks.md 19). Drafts of bucket 0 (a model's) and seeded
         requests sampled by rejection keep their whole draft (their text depends
-        on its length). A bucket trimmed to
-        nothing is verified anyway now and then (its own `ProbeTimer`), since
-        its acceptance is measured only where it is verified.
+        on its length). A bucket trimmed to nothing is verified anyway now and
+        then (its own `ProbeTimer`), since its acceptance is measured only where
+        it is verified.
         """
-        self.verifying.clear()
-        if not self.adaptive:
-            return
         drafts = [r.draft for r in requests]
-        if not any(len(d) for d in drafts):
-            return
         # A draft without a bucket (a model's) keeps the length the plan and the drafter's own doubt
         # gave it: cutting a drafter that stops when it doubts by its average acceptance cut its
         # confident drafts short (`augury demo`: tau 3.22 -> 2.83, docs/benchmarks.md 19c).
+        if not self.adaptive or not any(d.bucket and len(d) for d in drafts):
+            return
         fixed = [len(d) if d.bucket == 0 or load_dependent(r.params) else None for r, d in zip(requests, drafts)]
         odds = [self._verified_odds(d.bucket) for d in drafts]
         keep = plan_step(self.costs, odds, [len(d) for d in drafts], fixed, self.k_max, batched=self.batched,
                          drafted=True)
         for request, draft, k in zip(requests, drafts, keep):
-            if not len(draft):
+            if not draft.bucket or not len(draft):
                 continue
-            if k == 0 and draft.bucket:
+            if k == 0:
                 skips = self.bucket_skips[draft.bucket] = self.bucket_skips.get(draft.bucket, 0) + 1
-                timer = self.bucket_probes.setdefault(draft.bucket, ProbeTimer(self.probe_every))
+                timer = self.bucket_probes.setdefault(draft.bucket, ProbeTimer(self.probe_timer.every))
                 if timer.due(skips, 0):
                     k = len(draft)
             request.draft = draft.truncated(k)
-            if k and draft.bucket:
+            if k:
                 self.verifying[request.seq.id] = draft.bucket
 
     def _verified_odds(self, bucket: int) -> DraftOdds:

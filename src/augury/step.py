@@ -164,7 +164,7 @@ def draft_free(proposer: Proposer, requests: list[Request], k: int) -> None:
         return
     for request in requests:
         cap = min(k, request.draft_cap())
-        if cap > 0 and not len(request.draft) and not request.prefilling:
+        if cap > 0 and not len(request.draft):
             t0 = time.perf_counter()
             request.draft = propose_free(request.seq, cap)
             request.stats.draft_s += time.perf_counter() - t0

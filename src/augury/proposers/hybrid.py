@@ -73,10 +73,10 @@ class HybridProposer(ProposerBase):
 
     def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         """Matcher drafts where they are long enough; the model drafts for the rest, in one batch."""
-        drafts = [self.matcher.propose(seq, k) if k > 0 else Draft([]) for seq, k in zip(seqs, ks)]
+        drafts = [self.propose_free(seq, k) if k > 0 else Draft([]) for seq, k in zip(seqs, ks)]
         fallback = []
         for i, (seq, k) in enumerate(zip(seqs, ks)):
-            if k > 0 and len(drafts[i]) >= min(k, self.min_match_tokens):
+            if k > 0 and len(drafts[i]):
                 self.matcher_drafts += 1
             elif k > 0:
                 self.model_drafts += 1
