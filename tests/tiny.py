@@ -194,11 +194,10 @@ def greedy_equivalence(target, proposer, prompts, params, k: int, label: str) ->
     return stats
 
 
-def run_scheduler(scheduler, jobs: list[tuple[list[int], object]], timeout: float = 600.0) -> list:
-    """Submit (prompt ids, SamplingParams) jobs all at once, run the scheduler until each ends, stop it.
-
-    Returns each job's GenerationResult in order; fails the test if any request failed.
-    """
+def scheduler_events(scheduler, jobs: list[tuple[list[int], object]], timeout: float = 600.0, *,
+                     start: bool = False) -> list:
+    """Submit (prompt ids, SamplingParams) jobs all at once (then start the scheduler, if asked) and wait
+    until each ends. Returns each job's last event (Finished or Failed) in order."""
     import threading
 
     from augury.scheduler import Failed, Finished
@@ -215,15 +214,27 @@ def run_scheduler(scheduler, jobs: list[tuple[list[int], object]], timeout: floa
 
     for i, (prompt, params) in enumerate(jobs):
         scheduler.submit(prompt, params, on_event(i))
-    scheduler.start()
+    if start:
+        scheduler.start()
+    for _ in jobs:
+        assert done.acquire(timeout=timeout), "the scheduler stopped answering"
+    return [ended[i] for i in range(len(jobs))]
+
+
+def run_scheduler(scheduler, jobs: list[tuple[list[int], object]], timeout: float = 600.0) -> list:
+    """Submit (prompt ids, SamplingParams) jobs all at once, run the scheduler until each ends, stop it.
+
+    Returns each job's GenerationResult in order; fails the test if any request failed.
+    """
+    from augury.scheduler import Failed
+
     try:
-        for _ in jobs:
-            assert done.acquire(timeout=timeout), "the scheduler stopped answering"
+        ended = scheduler_events(scheduler, jobs, timeout, start=True)
     finally:
         scheduler.stop()
-    failed = [e for e in ended.values() if isinstance(e, Failed)]
+    failed = [e for e in ended if isinstance(e, Failed)]
     assert not failed, f"{len(failed)} requests failed, e.g. {failed[0]}"
-    return [ended[i].result for i in range(len(jobs))]
+    return [e.result for e in ended]
 
 
 class DecoderHook:

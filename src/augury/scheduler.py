@@ -30,10 +30,9 @@ request's own blocks are dropped at once. A model drafter that takes a cache
 (`use_prefix_cache`) gets its own, with the budget split by bytes per token.
 Requests whose drafter reads the prompt's target states (heads) skip it.
 
-With prompts in pieces, a model drafter's own prefill comes in pieces too:
-a request whose drafter is further behind than a step's budget is fed a
-piece of it instead of drafting (`_drafters_in_pieces`), so no step waits
-for a whole drafter prefill of a long prompt.
+Who drafts in which group, and a model drafter's own prefill in pieces (no
+step waits for a whole drafter prefill of a long prompt), are
+`batch_draft.BatchDrafter`'s.
 """
 
 from __future__ import annotations
@@ -47,13 +46,13 @@ from collections.abc import Callable
 from augury.cache import KVCache
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.planner import Planner, load_dependent
+from augury.planner import Planner
+from augury.batch_draft import BatchDrafter
 from augury.prefix_cache import PrefixCache, kv_bytes_per_token
 from augury.proposers.base import Proposer, batches
 from augury.request import Request, TokenLogprob
 from augury.sampling import SamplingParams
-from augury.step import (DraftRound, check_k, draft, draft_free, needs_prompt_states, prefill, prefill_drafters,
-                         starts_eagerly, step)
+from augury.step import check_k, needs_prompt_states, prefill, step
 from augury.tickets import (
     Admitted,
     Event,
@@ -104,6 +103,8 @@ class Scheduler:
         # A prompt's piece with nothing else in the step: the decoder's row-attention limit (the
         # rows it computes row by row, the native layer's) unless a fixed chunk was asked for.
         self.piece_limit = config.prefill_chunk or target.decoder.row_attention_limit
+        self.drafter = BatchDrafter(proposer, self.planner, chunked=self.chunked, prefill_chunk=config.prefill_chunk,
+                                    piece_limit=self.piece_limit, fail=self._release)
         self.capacity = config.seq_capacity(target.config.context_length)
         if self.capacity < 16:
             raise AuguryError(
@@ -317,7 +318,7 @@ class Scheduler:
         decoding = [t for t in self._running if not t.request.prefilling]
         t0 = time.perf_counter()
         if decoding:
-            self._draft(decoding, self.planner.plan([t.request for t in decoding]))
+            self.drafter.draft(decoding, self.planner.plan([t.request for t in decoding]))
         if not self._running:
             return
         draft_s = time.perf_counter() - t0
@@ -384,68 +385,6 @@ class Scheduler:
             more = min(request.prompt_left() - request.piece, budget)
             request.piece += more
             budget -= more
-
-    def _draft(self, tickets: list[Ticket], ks: list[int]) -> None:
-        """Draft for every running sequence that drafts this step (each draft lands on its request).
-
-        Sequences draft together in one batch where the proposer batches;
-        seeded requests sampled by rejection draft alone, so that their output
-        never depends on which other requests shared the drafter's forward
-        (coupled ones cannot depend on it).
-        """
-        drafting = [(t, k) for t, k in zip(tickets, ks) if min(k, t.request.draft_cap()) > 0]
-        drafting, k_max = self._drafters_in_pieces(drafting, len(tickets)), self.planner.k_max
-        seeded = [(t, k) for t, k in drafting if load_dependent(t.request.params)]
-        shared = [(t, k) for t, k in drafting if (t, k) not in seeded]
-        groups = [[tk] for tk in seeded] + ([shared] if self.planner.batched else [[tk] for tk in shared])
-        for group in filter(None, groups):
-            members, ks = [t for t, _ in group], [k for _, k in group]
-            measured = self._drafting(members, "drafting", lambda: draft(self.proposer, [t.request for t in members], ks))
-            if measured is not None:
-                self.planner.observe_draft([t.request for t in members], ks, measured)
-        live = [t for t in tickets if t in self._running]  # a failed drafter released its own
-        if self.planner.adaptive:  # free drafts where the plan gave none; then what of each draft pays (one width)
-            self._drafting(live, "drafting", lambda: draft_free(self.proposer, [t.request for t in live], k_max))
-        self.planner.trim([t.request for t in live])
-
-    def _drafting(self, tickets: list[Ticket], what: str, run: Callable[[], DraftRound]) -> DraftRound | None:
-        """run() on these tickets' drafter; if it raises, each of them fails alone (logged) and None comes back."""
-        try:
-            return run()
-        except Exception:
-            log.exception("%s failed for request(s) %s", what, [t.id for t in tickets])
-            for ticket in tickets:
-                self._release(ticket, Failed("internal", "internal error while drafting"))
-            return None
-
-    def _drafters_in_pieces(self, drafting: list[tuple[Ticket, int]], decode_rows: int) -> list[tuple[Ticket, int]]:
-        """Drafters too far behind to catch up inside one step get a piece of their prefill instead of drafting.
-
-        With prompts in pieces, the drafter's prefill of a new prompt comes in
-        pieces too, under the same budget as the target's, oldest request
-        first; the request drafts from the step where the rest fits in one
-        piece. Seeded requests sampled by rejection start whole, as their
-        drafts (hence their output) must not depend on the load. Returns the
-        (ticket, K) pairs that draft this step.
-        """
-        if not self.chunked or starts_eagerly(self.proposer) or not hasattr(self.proposer, "prefill_batch"):
-            return drafting
-        budget = self.config.prefill_chunk or self.planner.prompt_budget(decode_rows, self.piece_limit)
-        behind = [(t, k) for t, k in drafting
-                  if t.request.catch_up() > budget and not load_dependent(t.request.params)]
-        if not behind:
-            return drafting
-        pieces: list[tuple[Ticket, int]] = []
-        for ticket, _ in sorted(behind, key=lambda tk: tk[0].request.seq.id):  # sequences are numbered as made
-            if budget > 0:
-                pieces.append((ticket, min(ticket.request.catch_up(), budget)))
-                budget -= pieces[-1][1]
-        tickets = [t for t, _ in pieces]
-        measured = self._drafting(tickets, "a drafter's prefill piece", lambda: prefill_drafters(
-            self.proposer, [t.request for t in tickets], [n for _, n in pieces]))
-        if measured is not None:
-            self.planner.observe_draft([], [], measured)
-        return [(t, k) for t, k in drafting if (t, k) not in behind]
 
     def _emit_deltas(self, ticket: Ticket, deltas: list[str]) -> None:
         if not deltas:
