@@ -27,7 +27,7 @@ from augury.proposers.cross_tokenizer import (
     draft_text_to_target,
     word_start_before,
 )
-from augury.proposers.layer_skip import (
+from augury.proposers.skipped_layers import (
     calibration_path,
     parse_skip_layers,
     read_calibration,

@@ -264,3 +264,35 @@ def test_a_gguf_drafter_requantized_to_q4_0_reads_fewer_bytes_and_stays_lossless
     assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
     with pytest.raises(AuguryError, match="--draft-quant q4_0 re-quantizes a GGUF drafter"):  # fp16: dequantized
         build_proposer("model", native_target, draft=str(path), draft_quant="q4_0", dtype="fp16")
+
+
+def test_a_drafter_trimmed_of_layers_keeps_its_blocks_and_stays_lossless(native_target):
+    """--draft-skip-layers: the drafter runs without the layers named, on the same C++ layer and blocks
+    (alone or re-quantized), drafts different logits, and greedy speculation still equals plain decoding;
+    a list it cannot take is one error naming the flag."""
+    from augury.engine import Engine
+    from augury.proposers import build_proposer
+    from augury.sampling import SamplingParams
+
+    path = str(native_target.source)
+    own = build_proposer("model", native_target, draft=path)
+    layers = own.decoder.config.num_layers
+    trimmed = build_proposer("model", native_target, draft=path, draft_skip_layers="0")
+    both = build_proposer("hybrid", native_target, draft=path, draft_skip_layers="0", draft_quant="q4_0")
+    assert trimmed.decoder.config.num_layers == layers - 1 and trimmed.decoder.native is not None
+    kept = trimmed.decoder.weights.layers[0]
+    assert kept.wqkv.kinds == own.decoder.weights.layers[1].wqkv.kinds  # layer 1 moved up, its own blocks
+    assert all(torch.equal(a.data, b.data) for a, b in zip(kept.wqkv.parts, own.decoder.weights.layers[1].wqkv.parts))
+    assert both.model.decoder.config.num_layers == layers - 1 and both.model.decoder.native is not None
+    tokens = torch.tensor([PROMPT])
+    logits = [d.forward(tokens, d.new_cache(1, 64)) for d in (own.decoder, trimmed.decoder)]
+    assert not torch.equal(logits[0], logits[1]), "leaving a layer out changed nothing"
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    plain = Engine(native_target).generate(PROMPT, params)
+    for proposer in (trimmed, both):
+        spec = Engine(native_target, proposer, k=4, adaptive=False).generate(PROMPT, params)
+        assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
+    for spec, match in ((f"{layers}", "out of range"), ("0,x", "--draft-skip-layers '0,x' is neither"),
+                        (",".join(map(str, range(layers))), "cannot skip all")):
+        with pytest.raises(AuguryError, match=match):
+            build_proposer("model", native_target, draft=path, draft_skip_layers=spec)

@@ -35,7 +35,8 @@ from augury.errors import AuguryError
 from augury.metrics import SpecStats
 from augury.models.decoder import Decoder
 from augury.models.loader import Model
-from augury.proposers.layer_skip import LayerSkipProposer, calibration_path, layer_skip_model, skip_layers
+from augury.proposers.layer_skip import LayerSkipProposer
+from augury.proposers.skipped_layers import calibration_path, layer_skip_model, skip_layers
 from augury.sampling import SamplingParams
 
 CALIBRATION_PROMPTS = (
@@ -262,7 +263,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     from augury.models.loader import load_model
     from augury.models.tokenizer import build_prompt_ids
-    from augury.proposers.layer_skip import write_calibration
+    from augury.proposers.skipped_layers import write_calibration
 
     if not 1 <= args.prompts <= len(CALIBRATION_PROMPTS):
         raise AuguryError(f"--prompts must be between 1 and {len(CALIBRATION_PROMPTS)}, got {args.prompts}")

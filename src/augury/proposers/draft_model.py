@@ -315,6 +315,11 @@ def build(target: Model, options) -> DraftModelProposer:
         raise AuguryError("draft method 'model' needs --draft NAME_OR_PATH")
     draft = load_model(options.draft, dtype=options.dtype, device=options.device, offline=options.offline)
     check_same_vocabulary(target, draft)
+    if options.draft_skip_layers is not None:
+        from augury.proposers.skipped_layers import layer_skip_model, parse_skip_layers
+
+        draft = layer_skip_model(draft, parse_skip_layers(options.draft_skip_layers, draft.config.num_layers,
+                                                          draft.name, flag="--draft-skip-layers"))
     draft = quantize_draft(draft, options.draft_quant)
     return DraftModelProposer(
         draft, target.config.vocab_size, confidence=options.draft_confidence,

@@ -80,6 +80,9 @@ class ModelOptions(LoadOptions):
     draft_confidence: float = _confidence(MODEL_CONFIDENCE)
     draft_vocab: int = _draft_vocab(MODEL_DRAFT_VOCAB)
     draft_vocab_order: str = _draft_vocab_order()
+    draft_skip_layers: str | None = opt(None, "leave these of the drafter's layers out: a comma list (e.g. 9,11,13) "
+                                        "or a file from `augury calibrate`; fewer bytes per drafted token, "
+                                        "fewer tokens accepted (none left out by default)")
 
 
 @dataclass(frozen=True)
