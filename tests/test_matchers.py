@@ -309,6 +309,43 @@ def test_hybrid_routes_drafts_and_both_parts_hear_every_step(matched, k, expect)
     assert model.proposed == (expect == "model")
 
 
+def test_hybrid_takes_the_matcher_where_its_match_length_is_accepted_as_often_as_the_model():
+    """Per kind of draft (the matcher's match octave; the model's), the hybrid counts first-token
+    acceptance: a kind not yet verified is tried, a short-match kind the target keeps rejecting gives
+    way to the model, a long-match kind it accepts keeps the step; a seeded request sampled by rejection
+    takes the matcher's draft whatever the counts say (its text must not depend on other requests)."""
+    from augury.verify import VerifyResult
+
+    class ByBucket(Recording):
+        def __init__(self, bucket_of: dict[int, int]) -> None:
+            super().__init__([1, 2, 3, 4])
+            self.bucket_of = bucket_of  # first prompt token -> the bucket of its match
+
+        def propose(self, seq, k):
+            self.proposed += 1
+            return Draft(self.draft[:k], bucket=self.bucket_of[seq.tokens[0]])
+
+    matcher, model = ByBucket({0: 1, 9: 5}), Recording([5, 5, 5, 5])
+    hybrid = HybridProposer(matcher, model, min_match_tokens=2)
+    short, long = seq_of([0, 1, 2]), seq_of([9, 1, 2])
+    for seq in (short, long):
+        hybrid.start(seq)
+
+    def step(seq, accepted: int) -> str:
+        draft = hybrid.propose(seq, 4)
+        hybrid.on_step(seq, VerifyResult(len(draft), accepted, [7]), None)
+        return "model" if draft.tokens == [5, 5, 5, 5] else "matcher"
+
+    assert step(short, 0) == "matcher"  # untried: the free one first
+    assert step(short, 3) == "model"  # bucket 1 now 1/2 against the untried model's 1
+    assert [step(short, 3) for _ in range(3)] == ["model"] * 3  # the model's 2/2, 3/3, ...
+    assert [step(long, 4) for _ in range(3)] == ["matcher"] * 3  # bucket 5: 1.0, as often as the model
+    assert hybrid.first_tried[1] == 1 and hybrid.first_accepted[5] == 3 and hybrid.first_tried[0] == 4
+    seeded = Sequence([0, 1, 2], SamplingParams(temperature=0.8, seed=3, coupling="rejection"))
+    hybrid.start(seeded)
+    assert step(seeded, 0) == "matcher"
+
+
 def test_hybrid_model_drafter_stays_in_sync_when_the_matcher_drafts():
     """With draft = target (greedy, fp32) every model draft must be accepted in full.
 

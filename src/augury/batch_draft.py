@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from augury.planner import Planner, load_dependent
+from augury.planner import Planner
 from augury.proposers.base import Proposer
 from augury.step import DraftRound, draft, draft_free, prefill_drafters, starts_eagerly
 from augury.tickets import Failed, Ticket
@@ -49,7 +49,7 @@ class BatchDrafter:
         drafts where the plan gave none, then what of each draft pays (`Planner.trim`)."""
         drafting = [(t, k) for t, k in zip(tickets, ks) if min(k, t.request.draft_cap()) > 0]
         drafting = self._drafters_in_pieces(drafting, len(tickets))
-        seeded = [(t, k) for t, k in drafting if load_dependent(t.request.params)]
+        seeded = [(t, k) for t, k in drafting if t.request.params.load_dependent]
         shared = [(t, k) for t, k in drafting if (t, k) not in seeded]
         groups = [[tk] for tk in seeded] + ([shared] if self.planner.batched else [[tk] for tk in shared])
         for group in filter(None, groups):
@@ -86,7 +86,7 @@ class BatchDrafter:
             return drafting
         budget = self.prefill_chunk or self.planner.prompt_budget(decode_rows, self.piece_limit)
         behind = [(t, k) for t, k in drafting
-                  if t.request.catch_up() > budget and not load_dependent(t.request.params)]
+                  if t.request.catch_up() > budget and not t.request.params.load_dependent]
         if not behind:
             return drafting
         pieces: list[tuple[Ticket, int]] = []

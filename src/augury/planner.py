@@ -43,18 +43,10 @@ from collections.abc import Sequence
 
 from augury.draft_odds import DraftOdds, DraftTally
 from augury.request import Request
-from augury.sampling import SamplingParams
 from augury.step import DraftRound, StepReport
 from augury.step_costs import ShapeCosts, StepCosts
 
-__all__ = ["DraftOdds", "DraftTally", "Planner", "ProbeTimer", "ShapeCosts", "StepCosts", "load_dependent",
-           "plan_step"]
-
-
-def load_dependent(params: SamplingParams) -> bool:
-    """Whether a request's text would change with K or with the sequences it drafts beside:
-    seeded sampling by rejection (its random numbers are consumed as drafts are verified)."""
-    return params.seed is not None and not params.greedy and not params.coupled
+__all__ = ["DraftOdds", "DraftTally", "Planner", "ProbeTimer", "ShapeCosts", "StepCosts", "plan_step"]
 
 
 class ProbeTimer:
@@ -311,7 +303,7 @@ class Planner:
             return [0] * len(requests)
         # Seeded requests sampled by rejection draft the configured K (their text depends on K);
         # coupled ones give the same text at any K, so the planner may choose theirs.
-        fixed = [self.k_max if load_dependent(r.params) else None for r in requests]
+        fixed = [self.k_max if r.params.load_dependent else None for r in requests]
         self.steps += 1
         if not self.adaptive or self.free_drafts:  # free drafts: `trim` decides what is verified
             return [min(self.k_max, cap) for cap in caps]
@@ -367,7 +359,7 @@ class Planner:
         # confident drafts short (`augury demo`: tau 3.22 -> 2.83, docs/benchmarks.md 19c).
         if not self.adaptive or not any(d.bucket and len(d) for d in drafts):
             return
-        fixed = [len(d) if d.bucket == 0 or load_dependent(r.params) else None for r, d in zip(requests, drafts)]
+        fixed = [len(d) if d.bucket == 0 or r.params.load_dependent else None for r, d in zip(requests, drafts)]
         odds = [self._verified_odds(d.bucket) for d in drafts]
         keep = plan_step(self.costs, odds, [len(d) for d in drafts], fixed, self.k_max, batched=self.batched,
                          drafted=True)

@@ -76,6 +76,13 @@ class SamplingParams:
         return self.coupling == "coupled" or COUPLED_BY_DEFAULT
 
     @property
+    def load_dependent(self) -> bool:
+        """Whether the text would change with K or with what a driver drafts beside the request: seeded
+        sampling by rejection (its random numbers are consumed as drafts are verified). Drivers and
+        drafters give such a request choices that depend on nothing but the request."""
+        return self.seed is not None and not self.greedy and not self.coupled
+
+    @property
     def mode(self) -> str:
         """greedy, coupled or rejection: what a request's usage reports."""
         return "greedy" if self.greedy else "coupled" if self.coupled else "rejection"

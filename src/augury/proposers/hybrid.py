@@ -1,13 +1,20 @@
-"""Hybrid: a free suffix-match draft when there is a good one, a draft model's otherwise.
+"""Hybrid: a free suffix-match draft where it is as good a guess, a draft model's otherwise.
 
 Matching costs nothing and, on repetitive text, drafts long runs the target
 accepts; elsewhere it has nothing to say and a small model is the better
-guess. Per step the rule is: take the matcher's draft when it has at least
-min(k, match_min + 1) tokens, otherwise let the draft model propose. A match
-that only yields one or two tokens is often a coincidence of common tokens,
-and a longer continuation means the match kept holding in the text, so this
-asks a little more than the matcher's own minimum before skipping the model;
-with k = 1 any matched token is as long as the model's draft and is taken.
+guess. Which one is better depends on the match: a match of one or two
+tokens is often a coincidence of common tokens, one of 16 the text repeating
+itself. So the hybrid counts, per kind of draft (the matcher's by the octave
+of its match length, `Draft.bucket`; the model's as bucket 0), how often the
+first drafted token was accepted, and on a step the planner gave a draft it
+takes the matcher's draft when its bucket's count is at least the model's
+(the matcher is free, so it wins ties), the model's otherwise (a seeded
+request sampled by rejection, whose text depends on its drafts, takes the
+matcher's whenever it has one, as before the counts). An untried
+kind counts as always accepted, so each is tried before the counts decide.
+A matcher draft must also have at least min(k, min_match_tokens) tokens.
+On steps the planner gave no draft the hybrid offers its matcher's draft
+alone (`propose_free`), which the planner may verify in part.
 
 Both parts hear every step and each rolls back only what it drafted itself.
 After a step the draft model sat out, its cache still holds a prefix of the
@@ -20,7 +27,8 @@ from __future__ import annotations
 
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers.base import Draft, Proposer, ProposerBase, Sequence, propose_batch, start_batch
+from augury.proposers.base import (MATCH_BUCKETS, Draft, Proposer, ProposerBase, Sequence, propose_batch,
+                                   start_batch)
 from augury.proposers.suffix import build as build_suffix
 from augury.verify import VerifyResult
 
@@ -40,6 +48,11 @@ class HybridProposer(ProposerBase):
         self.min_match_tokens = min_match_tokens
         self.matcher_drafts = 0  # steps drafted by each part, for reporting
         self.model_drafts = 0
+        # Per draft kind (0: the model's, 1..MATCH_BUCKETS: the matcher's by match octave): drafts verified,
+        # and those whose first token was accepted.
+        self.first_tried = [0] * (MATCH_BUCKETS + 1)
+        self.first_accepted = [0] * (MATCH_BUCKETS + 1)
+        self._kind: dict[int, int] = {}  # sequence id -> the kind of its pending draft
 
     @property
     def forwards(self) -> int:
@@ -71,12 +84,20 @@ class HybridProposer(ProposerBase):
     def propose(self, seq: Sequence, k: int) -> Draft:
         return self.propose_batch([seq], [k])[0]
 
+    def first_odds(self, kind: int) -> float:
+        """How often a draft of this kind had its first token accepted; 1.0 for a kind not yet verified."""
+        return (self.first_accepted[kind] + 1) / (self.first_tried[kind] + 1)
+
     def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        """Matcher drafts where they are long enough; the model drafts for the rest, in one batch."""
-        drafts = [self.propose_free(seq, k) if k > 0 else Draft([]) for seq, k in zip(seqs, ks)]
+        """Matcher drafts where their kind is accepted at least as often as the model's; the model drafts
+        for the rest, in one batch."""
+        drafts = [self._matched(seq, k) if k > 0 else Draft([]) for seq, k in zip(seqs, ks)]
         fallback = []
         for i, (seq, k) in enumerate(zip(seqs, ks)):
-            if k > 0 and len(drafts[i]):
+            # A seeded request sampled by rejection takes any matcher draft long enough: its text must not
+            # depend on what other requests taught the counts.
+            if k > 0 and len(drafts[i]) and (seq.params.load_dependent
+                                             or self.first_odds(drafts[i].bucket) >= self.first_odds(0)):
                 self.matcher_drafts += 1
             elif k > 0:
                 self.model_drafts += 1
@@ -85,20 +106,33 @@ class HybridProposer(ProposerBase):
             model_drafts = propose_batch(self.model, [seqs[i] for i in fallback], [ks[i] for i in fallback])
             for i, draft in zip(fallback, model_drafts):
                 drafts[i] = draft
+        for seq, draft in zip(seqs, drafts):
+            self._kind[seq.id] = draft.bucket
         return drafts
 
     def propose_free(self, seq: Sequence, k: int) -> Draft:
         """The matcher's draft where it is long enough, else none: what this proposer drafts at no cost,
         offered on steps the planner gave no draft (`step.draft_free`); the model part is never run."""
+        draft = self._matched(seq, k)
+        self._kind[seq.id] = draft.bucket
+        return draft
+
+    def _matched(self, seq: Sequence, k: int) -> Draft:
         draft = self.matcher.propose(seq, k)
         return draft if len(draft) >= min(k, self.min_match_tokens) else Draft([])
 
     def on_step(self, seq: Sequence, result: VerifyResult, hidden=None) -> None:
-        """Both parts hear every step; each rolls back only what it drafted itself."""
+        """Both parts hear every step; each rolls back only what it drafted itself. A verified draft
+        counts toward its kind's first-token acceptance."""
+        kind = self._kind.pop(seq.id, None)
+        if kind is not None and result.num_drafted > 0:
+            self.first_tried[kind] += 1
+            self.first_accepted[kind] += result.num_accepted > 0
         self.matcher.on_step(seq, result, hidden)
         self.model.on_step(seq, result, hidden)
 
     def finish(self, seq: Sequence) -> None:
+        self._kind.pop(seq.id, None)
         self.matcher.finish(seq)
         self.model.finish(seq)
 
