@@ -87,7 +87,7 @@ def test_an_unreadable_curve_is_none(tmp_path, home):
 def test_report_puts_formats_and_llama_cpp_side_by_side():
     bf16 = ForwardProfile("bf16", int(3e9), 512, {1: 90.0, 2: 99.0, 5: 72.0})
     gguf = ForwardProfile("gguf", int(1e9), 512, {1: 40.0, 2: 44.0, 5: 48.0})
-    text = ProfileReport({"copy": 20.0, "1-row bf16 matmul": 40.0}, [bf16, gguf], {1: 33.0, 2: 30.0, 5: 50.0}).markdown()
+    text = ProfileReport({"fp32 sum": 20.0, "1-row bf16 matmul": 40.0}, [bf16, gguf], {1: 33.0, 2: 30.0, 5: 50.0}).markdown()
     assert "bf16: weights read per step 3.00 GB; floor 75.0 ms" in text
     assert "gguf: weights read per step 1.00 GB; floor 25.0 ms" in text
     # rows, then each format's ms, x one token and x floor, then llama.cpp's ms and x one token
@@ -120,7 +120,7 @@ def test_profile_command_prints_and_saves_the_curve_with_llama_bench_beside_it(
 ):
     import augury.bench.forward
 
-    monkeypatch.setattr(augury.bench.forward, "read_bandwidth_gbs", lambda **_: {"copy": 10.0})  # not 1 GiB in a test
+    monkeypatch.setattr(augury.bench.forward, "read_bandwidth_gbs", lambda **_: {"fp32 sum": 10.0})  # not 1 GiB in a test
     llama = write_fake_llama_cpp(tmp_path / "bin")
     assert _profile(tiny_gguf, "--peers", "llamacpp", "--llama-cpp", str(llama)) == 0
     out = capsys.readouterr().out
@@ -153,7 +153,7 @@ def test_profile_two_weight_formats_side_by_side(tmp_path, home, capsys, monkeyp
     from tests.test_loading import write_llama_gguf
     from tests.tiny import hf_model
 
-    monkeypatch.setattr(augury.bench.forward, "read_bandwidth_gbs", lambda **_: {"copy": 10.0})
+    monkeypatch.setattr(augury.bench.forward, "read_bandwidth_gbs", lambda **_: {"fp32 sum": 10.0})
     path = write_llama_gguf(tmp_path / "q8.gguf", hf_model("llama"), quant=gguf.GGMLQuantizationType.Q8_0)
     assert main(["profile", "--model", str(path), "--context", "8", "--decode-tokens", "3", "--rows", "1,2,5",
                  "--weights", "gguf,bf16"]) == 0
@@ -162,3 +162,16 @@ def test_profile_two_weight_formats_side_by_side(tmp_path, home, capsys, monkeyp
     for fmt in ("gguf", "bf16"):
         model = load_model(str(path), weights=fmt, progress=False)
         assert sorted(load_cost_curve(model) or {}) == [1, 2, 5], fmt
+
+
+def test_read_bandwidth_is_each_methods_median_and_reads_only():
+    """The floor's bandwidth is a median of the repeats (one fast reading on a shared machine is not the
+    sustained rate), and only methods that read are timed (a copy also writes)."""
+    from augury.bench.forward import read_bandwidth_gbs
+
+    spread: dict[str, tuple[float, float, float]] = {}
+    got = read_bandwidth_gbs(size_bytes=1 << 24, repeats=5, spread=spread)
+    assert "fp32 sum" in got and "copy" not in got, sorted(got)
+    for method, gbs in got.items():
+        lo, mid, hi = spread[method]
+        assert gbs == mid and lo <= mid <= hi and gbs > 0, (method, gbs, spread[method])

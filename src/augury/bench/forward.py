@@ -43,7 +43,7 @@ class ForwardProfile:
 class ProfileReport:
     """Every weight format's curve side by side, with llama.cpp's forward times for the same row counts."""
 
-    bandwidth_by_method: dict[str, float]  # GB/s
+    bandwidth_by_method: dict[str, float]  # GB/s, each method's median (read_bandwidth_gbs)
     profiles: list[ForwardProfile]
     llama_cpp_ms: dict[int, float] | None = None  # llama-bench pp T at the same depth: ms per forward
     bandwidth_spread: dict[str, tuple[float, float, float]] | None = None  # (min, median, max) GB/s by method
@@ -56,7 +56,7 @@ class ProfileReport:
     def markdown(self) -> str:
         gbs = self.bandwidth_gbs
         methods = ", ".join(f"{name} {value:.1f}" for name, value in self.bandwidth_by_method.items())
-        lines = [f"measured read bandwidth {gbs:.1f} GB/s (best of: {methods})"]
+        lines = [f"measured read bandwidth {gbs:.1f} GB/s (the fastest median of: {methods})"]
         if self.bandwidth_spread:
             lines.append("spread (min / median / max GB/s): " + "; ".join(
                 f"{name} {lo:.1f} / {mid:.1f} / {hi:.1f}" for name, (lo, mid, hi) in self.bandwidth_spread.items()))
@@ -104,15 +104,18 @@ def _cells(ms: float | None, one: float | None) -> list[str]:
 def read_bandwidth_gbs(
     size_bytes: int = 1 << 30, repeats: int = 9, spread: dict[str, tuple[float, float, float]] | None = None
 ) -> dict[str, float]:
-    """Best-of-N streaming read bandwidth (GB/s) over a buffer far larger than any cache, by method.
+    """Streaming read bandwidth (GB/s) over a buffer far larger than any cache, by method: the median of
+    `repeats` readings.
 
     No one kernel reads at the machine's peak, so several are timed and the
-    floor uses the fastest: an fp32 sum, a copy (which moves every byte twice),
-    where oneDNN packing runs a one-row bf16 matmul against a 1 GiB weight, and
-    where the GGUF kernel runs a one-row Q4_K matmul over 1 GiB of blocks (the
-    very reads a decode step does). Each runs on all of torch's threads, and
-    `repeats` times: on a shared machine one reading can be far off (two runs
-    of an earlier 5-repeat version gave 22.3 and 36 GB/s on one machine), so
+    floor uses the fastest: an fp32 sum, where oneDNN packing runs a one-row
+    bf16 matmul against a 1 GiB weight, and where the GGUF kernel runs a
+    one-row Q4_K matmul over 1 GiB of blocks (the very reads a decode step
+    does). Each runs on all of torch's threads. Medians, not maxima: on a
+    shared machine one reading can be far off, and the best of nine moved the
+    floor of one Zen 4 by a third between two runs a minute apart (2026-12-04,
+    docs/benchmarks.md 20); a copy is no longer timed, as it also writes, which
+    a decode step does not (it read 48 GB/s there against the sum's 33).
     `spread`, when given, receives each method's (min, median, max).
     """
 
@@ -129,9 +132,6 @@ def read_bandwidth_gbs(
     # ones, not empty: untouched pages all map to one zero page and read from cache
     buf = torch.ones(size_bytes // 4, dtype=torch.float32)
     readings["fp32 sum"] = samples(buf.sum, size_bytes)
-    dst = torch.empty_like(buf)
-    readings["copy"] = samples(lambda: dst.copy_(buf), 2 * size_bytes)
-    del dst
     if onednn_packing_available(torch.bfloat16, torch.device("cpu")):
         weight = OneDnnWeight(buf.view(torch.bfloat16).view(-1, 4096))
         x = torch.ones(1, 4096, dtype=torch.bfloat16)
@@ -143,7 +143,7 @@ def read_bandwidth_gbs(
         readings["1-row GGUF kernel"] = samples(kernel_read, size_bytes)
     if spread is not None:
         spread.update({k: (min(v), statistics.median(v), max(v)) for k, v in readings.items()})
-    return {k: max(v) for k, v in readings.items()}
+    return {k: statistics.median(v) for k, v in readings.items()}
 
 
 def _kernel_reader(size_bytes: int):
