@@ -344,6 +344,11 @@ def test_hybrid_takes_the_matcher_where_its_match_length_is_accepted_as_often_as
     seeded = Sequence([0, 1, 2], SamplingParams(temperature=0.8, seed=3, coupling="rejection"))
     hybrid.start(seeded)
     assert step(seeded, 0) == "matcher"
+    unstarted = seq_of([9, 1, 2])  # a free draft of a sequence the driver never started: nothing is kept
+    assert len(hybrid.propose_free(unstarted, 4)) == 4 and unstarted.id not in hybrid._kind
+    for seq in (short, long, seeded):
+        hybrid.finish(seq)
+    assert not hybrid._kind and not hybrid._started, "a finished sequence left state behind"
 
 
 def test_hybrid_model_drafter_stays_in_sync_when_the_matcher_drafts():

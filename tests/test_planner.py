@@ -191,6 +191,7 @@ class _Alone:
         self.started = False
         self.done = False
         self.behind = behind
+        self.planned_drafted = self.planned_accepted = 0
 
     def draft_cap(self) -> int:
         return 100
@@ -343,3 +344,23 @@ def test_a_drafters_catch_up_is_spread_over_how_long_outputs_run():
     assert plan_step(planner.costs, odds, [123], [None], 4, left=[12.0], **args) == [0]
     assert plan_step(planner.costs, odds, [123], [None], 4, left=[12.0], batched=False, behind=[2],
                      choices=(0, 4)) == [4]
+
+
+@pytest.mark.parametrize("planned, plan", [((0, 0), [0]), ((100, 100), [4])])
+def test_a_requests_own_acceptance_counts_only_the_drafts_the_plan_bought(planned, plan):
+    """The model drafts poorly (all or nothing, all 0.3 of the time) and verification is steep (5 tokens
+    cost 2x one): no draft pays. A request whose matcher drafts were all accepted (a RAG answer copying its
+    prompt: stats say 100 of 100) is planned plain all the same, since those drafts say nothing of the
+    model; one whose model drafts (the plan's) were all accepted is drafted for."""
+    curve = {1: 30.0, 2: 37.5, 3: 45.0, 4: 52.5, 5: 60.0}
+    planner = Planner(4, batched=False, curve=curve)
+    planner.costs.observe_draft(1, 4, 4 * 0.003)
+    for i in range(200):
+        planner.record_draft(4, 4)
+        planner.record_verified(4, 4 if i % 10 < 3 else 0)
+    planner.steps = planner.k_max + 2  # past the warm-up, between probes
+    request = _Alone(0)
+    request.started = True
+    request.stats.drafted = request.stats.accepted = 100
+    request.planned_drafted, request.planned_accepted = planned
+    assert planner.plan([request]) == plan

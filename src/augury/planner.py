@@ -216,6 +216,8 @@ class Planner:
             if allowed:
                 self.record_draft(allowed, result.num_drafted)
                 self.record_verified(result.num_drafted, result.num_accepted)
+                request.planned_drafted += result.num_drafted
+                request.planned_accepted += result.num_accepted
             bucket = self.verifying.pop(request.seq.id, None)
             if bucket is not None and result.num_drafted:
                 tally = self.by_bucket.setdefault(bucket, DraftTally(self.k_max))
@@ -289,10 +291,12 @@ class Planner:
         return DraftTally.PRIOR_ALPHA
 
     def _alpha(self, request: Request) -> float:
-        """A request's acceptance, shrunk towards the server's for requests with little history."""
-        s = request.stats
+        """A request's acceptance of the drafts the plan bought (a model's), shrunk towards the server's for
+        requests with little history. Not its matcher drafts': a RAG answer that copies its prompt has
+        them accepted, which said nothing of the model, and once counted it started a 0.5B on a
+        741-token prompt for a 16-token answer (docs/benchmarks.md 20a)."""
         w = DraftTally.PRIOR_WEIGHT
-        return (s.accepted + w * self.alpha) / (s.drafted + w)
+        return (request.planned_accepted + w * self.alpha) / (request.planned_drafted + w)
 
     # -- the plan ---------------------------------------------------------------------------
 

@@ -78,6 +78,10 @@ class Request:
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
         self.started = False  # proposer.start has run for this sequence
         self.proposer_seen = 0  # tokens the proposer holds: all at its last draft, or a prefill piece's end
+        # Of the drafts the planner asked for (a model's, bucket 0): tokens verified and accepted. The
+        # plan scales its odds by them; a matcher's drafts (stats.drafted) are another bet.
+        self.planned_drafted = 0
+        self.planned_accepted = 0
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self.stop_after = 0  # characters of text a stop string must end past (min_tokens)
         # A prompt prefilled in pieces inside the steps (scheduler.py): how many of its tokens the

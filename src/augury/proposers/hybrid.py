@@ -53,6 +53,9 @@ class HybridProposer(ProposerBase):
         self.first_tried = [0] * (MATCH_BUCKETS + 1)
         self.first_accepted = [0] * (MATCH_BUCKETS + 1)
         self._kind: dict[int, int] = {}  # sequence id -> the kind of its pending draft
+        # Sequences started here (and so finished here): a free draft of one that never started is
+        # neither heard nor finished, so it is not counted (nothing of it would be freed).
+        self._started: set[int] = set()
 
     @property
     def forwards(self) -> int:
@@ -66,11 +69,13 @@ class HybridProposer(ProposerBase):
         self.model.use_prefix_cache(prefix)
 
     def start(self, seq: Sequence, prompt_hidden=None) -> None:
+        self._started.add(seq.id)
         self.matcher.start(seq, prompt_hidden)
         self.model.start(seq, prompt_hidden)
 
     def start_batch(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
+            self._started.add(seq.id)
             self.matcher.start(seq, None)
         start_batch(self.model, seqs)
 
@@ -78,6 +83,7 @@ class HybridProposer(ProposerBase):
         """The model part's pieces (`DraftModelProposer.prefill_batch`), the matcher started beside them
         (starting the suffix matcher again only extends it)."""
         for seq in seqs:
+            self._started.add(seq.id)
             self.matcher.start(seq, None)
         return self.model.prefill_batch(seqs, counts)
 
@@ -114,7 +120,8 @@ class HybridProposer(ProposerBase):
         """The matcher's draft where it is long enough, else none: what this proposer drafts at no cost,
         offered on steps the planner gave no draft (`step.draft_free`); the model part is never run."""
         draft = self._matched(seq, k)
-        self._kind[seq.id] = draft.bucket
+        if seq.id in self._started:
+            self._kind[seq.id] = draft.bucket
         return draft
 
     def _matched(self, seq: Sequence, k: int) -> Draft:
@@ -133,6 +140,7 @@ class HybridProposer(ProposerBase):
 
     def finish(self, seq: Sequence) -> None:
         self._kind.pop(seq.id, None)
+        self._started.discard(seq.id)
         self.matcher.finish(seq)
         self.model.finish(seq)
 
