@@ -33,15 +33,15 @@ log = logging.getLogger("augury.scheduler")
 class BatchDrafter:
     """Drafting for the scheduler's running tickets (see the module doc)."""
 
-    def __init__(self, proposer: Proposer | None, planner: Planner, *, chunked: bool, prefill_chunk: int | None,
-                 piece_limit: int, fail: Callable[[Ticket, Failed], None]) -> None:
-        """chunked: prompts enter in pieces; prefill_chunk: a fixed piece size (None or 0: the planner's
-        budget, up to piece_limit rows); fail(ticket, failure): take a ticket whose drafter raised out of the batch."""
+    def __init__(self, proposer: Proposer | None, planner: Planner, *, chunked: bool, budget: Callable[[int], int],
+                 fail: Callable[[Ticket, Failed], None]) -> None:
+        """chunked: prompts enter in pieces; budget(decode_rows): the prompt tokens a step beside that many
+        decode rows may feed (the scheduler's, shared with the target's pieces); fail(ticket, failure): take
+        a ticket whose drafter raised out of the batch."""
         self.proposer = proposer
         self.planner = planner
         self.chunked = chunked
-        self.prefill_chunk = prefill_chunk
-        self.piece_limit = piece_limit
+        self.budget = budget
         self.fail = fail
 
     def draft(self, tickets: list[Ticket], ks: list[int]) -> None:
@@ -84,7 +84,7 @@ class BatchDrafter:
         """
         if not self.chunked or starts_eagerly(self.proposer) or not hasattr(self.proposer, "prefill_batch"):
             return drafting
-        budget = self.prefill_chunk or self.planner.prompt_budget(decode_rows, self.piece_limit)
+        budget = self.budget(decode_rows)
         behind = [(t, k) for t, k in drafting
                   if t.request.catch_up() > budget and not t.request.params.load_dependent]
         if not behind:

@@ -43,11 +43,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from augury.batch_draft import BatchDrafter
 from augury.cache import KVCache
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.planner import Planner
-from augury.batch_draft import BatchDrafter
 from augury.prefix_cache import PrefixCache, kv_bytes_per_token
 from augury.proposers.base import Proposer, batches
 from augury.request import Request, TokenLogprob
@@ -103,8 +103,8 @@ class Scheduler:
         # A prompt's piece with nothing else in the step: the decoder's row-attention limit (the
         # rows it computes row by row, the native layer's) unless a fixed chunk was asked for.
         self.piece_limit = config.prefill_chunk or target.decoder.row_attention_limit
-        self.drafter = BatchDrafter(proposer, self.planner, chunked=self.chunked, prefill_chunk=config.prefill_chunk,
-                                    piece_limit=self.piece_limit, fail=self._release)
+        self.drafter = BatchDrafter(proposer, self.planner, chunked=self.chunked, budget=self._step_budget,
+                                    fail=self._release)
         self.capacity = config.seq_capacity(target.config.context_length)
         if self.capacity < 16:
             raise AuguryError(
@@ -365,6 +365,11 @@ class Scheduler:
         for ticket, failure in finished:
             self._release(ticket, failure)
 
+    def _step_budget(self, decode_rows: int) -> int:
+        """Prompt tokens (the target's pieces, and a drafter's) a step beside decode_rows rows may feed: the fixed
+        --prefill-chunk, else the planner's from measured costs."""
+        return self.config.prefill_chunk or self.planner.prompt_budget(decode_rows, self.piece_limit)
+
     def _give_pieces(self, prefilling: list[Request], decode_rows: int) -> None:
         """How many prompt tokens each prompt being prefilled feeds this step (`Request.piece`).
 
@@ -375,7 +380,7 @@ class Scheduler:
         """
         if not prefilling:
             return
-        budget = self.config.prefill_chunk or self.planner.prompt_budget(decode_rows, self.piece_limit)
+        budget = self._step_budget(decode_rows)
         for request in prefilling:
             request.piece = 0
         oldest = min(prefilling, key=lambda r: r.seq.id)  # sequences are numbered as they are made
