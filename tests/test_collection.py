@@ -175,7 +175,8 @@ def test_a_bad_plan_is_refused_before_the_target_loads(flags, message, home, cap
 @pytest.mark.slow
 def test_the_gpu_recipe_runs_end_to_end_on_a_cpu_and_writes_pieces(target_dir, home):
     """scripts/train-head-gpu.sh with DEVICE=cpu on the tiny target: the same script a GPU runs, so GPU
-    minutes go to training, not debugging. Pieces of at most PIECE bytes join back into the head."""
+    minutes go to training, not debugging. Pieces of at most PIECE bytes join back into the head, and the
+    default corpus has the target write as well as read."""
     import os
     import subprocess
     import sys
@@ -185,7 +186,7 @@ def test_the_gpu_recipe_runs_end_to_end_on_a_cpu_and_writes_pieces(target_dir, h
     env = {**os.environ, "DEVICE": "cpu", "DTYPE": "fp32", "TOKENS": "4000", "PIECE": "64k", "BATCH": "4",
            "SEQ_LEN": "128", "PREFILL_TOKENS": "512", "CURVE_AT": "1000,2000",
            "AUGURY": f"{sys.executable} -m augury.cli", "PYTHON": sys.executable,
-           "EXTRA": "--max-steps 20 --draft-vocab 200 --holdout 0.1"}
+           "EXTRA": "--max-steps 20 --draft-vocab 200 --holdout 0.1 --request-tokens 32 --answer-tokens 96 --sequences 8"}
     done = subprocess.run(["bash", str(script), str(target_dir), str(out), "1"], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -195,3 +196,5 @@ def test_the_gpu_recipe_runs_end_to_end_on_a_cpu_and_writes_pieces(target_dir, h
     assert b"".join(p.read_bytes() for p in pieces) == head
     assert "held-out alpha by position" in done.stdout and done.stdout.count("tokens seen: alpha") == 2
     assert "join with: cat head.safetensors.part-*" in done.stdout
+    sources = {s["source"] for s in json.loads((out / "head.json").read_text())["data"]["sources"]}
+    assert {"self", "stdlib"} <= sources, f"the default mix writes and reads: {sources}"

@@ -247,6 +247,20 @@ def test_chat_template_from_the_file_renders_like_transformers(fam):
         assert tokenizer.encode_chat(TWO_TURNS), "the rendered prompt tokenizes"
 
 
+def test_a_transformers_without_the_gguf_tokenizer_helpers_is_named_in_one_line(monkeypatch):
+    """transformers 5.17 (met on a GPU image) kept its GGUF tokenizer helpers elsewhere and loading any
+    GGUF died in an ImportError deep in the loader: now one line names the release it needs."""
+    import types
+
+    from augury.models import gguf
+
+    monkeypatch.setitem(sys.modules, "transformers.integrations.gguf.gguf_tokenizer_mapping",
+                        types.ModuleType("gguf_tokenizer_mapping"))
+    with pytest.raises(AuguryError, match=r"needs transformers >= 5\.18, not \d") as caught:
+        gguf.read_tokenizer("any.gguf")
+    assert "\n" not in str(caught.value)
+
+
 @pytest.mark.parametrize("arch", ["mistral", "gemma2"])
 def test_a_template_refusal_is_one_clear_error(arch):
     """raise_exception in a template (Gemma 2 and Mistral refuse turns out of order) is one AuguryError line,

@@ -125,11 +125,22 @@ def read_config(reader, path: Path) -> ModelConfig:
 
 
 def read_tokenizer(path: Path):
-    """The model's tokenizer, built from GGUF metadata (vocabulary, merges, specials, template)."""
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-        convert_gguf_tokenizer,
-        get_gguf_tokenizer,
-    )
+    """The model's tokenizer, built from GGUF metadata (vocabulary, merges, specials, template).
+
+    transformers keeps these helpers where they are from 5.18 on; 5.17 (on a GPU image, 2026-12-04)
+    had other ones, and its public GGUF loading built a different tokenizer for Qwen2 (an invented
+    `</s>` as end of sequence), so an older release is refused by name rather than worked around.
+    """
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            convert_gguf_tokenizer,
+            get_gguf_tokenizer,
+        )
+    except ImportError:
+        import transformers
+
+        raise AuguryError(f"reading a GGUF file's tokenizer needs transformers >= 5.18, not {transformers.__version__}: "
+                          "pip install 'transformers>=5.18,<6'") from None
 
     from augury.models.tokenizer import Tokenizer, TokenizerMeta
 
