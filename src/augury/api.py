@@ -19,6 +19,7 @@ from augury.engine import Engine, GenerationResult
 from augury.models.loader import Model, load_model
 from augury.models.tokenizer import build_prompt_ids
 from augury.proposers import Proposer, build_proposer, check_options
+from augury.proposers.options import DEFAULT_METHOD
 from augury.sampling import SamplingParams
 from augury.step import check_k
 
@@ -82,7 +83,7 @@ class LLM:
 def load(
     target: str | Model = "qwen2.5-coder-1.5b-instruct",
     *,
-    draft_method: str = "model",
+    draft_method: str = DEFAULT_METHOD,
     k: int = 4,
     dtype: str = "bf16",
     device: str = "cpu",
@@ -94,7 +95,7 @@ def load(
 ) -> LLM:
     """Load a target (a known name, a .gguf file, a Hugging Face folder, or a loaded Model) and its drafter.
 
-    draft_method: plain, model, ngram, suffix, hybrid, cross, layerskip,
+    draft_method: plain, model, ngram, suffix, hybrid (the default), cross, layerskip,
     quantized; weights: "gguf" (a GGUF file's own low-bit blocks, the default
     on CPUs where the kernel runs) or "bf16" (dequantized); options: that method's own options (see
     `augury.proposers.options`), e.g. draft="qwen2.5-coder-0.5b-instruct" or

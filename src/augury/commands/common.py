@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from augury.models.store import DEFAULT_TARGET
+from augury.proposers.options import DEFAULT_METHOD
 from augury.sampling import GREEDY_BELOW, SamplingParams
 
 
@@ -25,7 +26,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_draft_args(parser: argparse.ArgumentParser, *, default_method: str | None = "model") -> None:
+def add_draft_args(parser: argparse.ArgumentParser, *, default_method: str | None = DEFAULT_METHOD) -> None:
     """--draft-method (unless default_method is None), --k, and every method's own options.
 
     Each option is one flag, listed in --help under the methods that read it;
