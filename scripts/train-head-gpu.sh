@@ -15,7 +15,7 @@
 # Collection first has the target write (`self`: requests from its chat template's user prefix and
 # greedy answers, MAX_BATCH conversations decoded together) for half the collection share, then reads
 # the standard library and its test suites by batched prefill (PSF-licensed; about 8 M tokens on
-# CPython 3.11, 2.3 M on Ubuntu's 3.12, which ships no test suite). Why the writing: a head trained
+# CPython 3.11, 2.3 M on a 3.12 whose test suite was installed only in part). Why the writing: a head trained
 # on library states alone drafts prose badly (docs/benchmarks.md 21: 4.6 M tokens seen, held-out
 # alpha1 0.65 on library text, 0.20 at position 1 on Spec-Bench). CORPUS overrides the mix. Then the
 # rest of the budget trains. At the end it prints the held-out acceptance by position, the curve

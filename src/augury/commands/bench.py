@@ -34,8 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Speed-up is tokens/s over plain decoding measured in the same run.",
     )
     p.add_argument("--methods", default=None,
-                   help=f"comma list of plain and drafting methods (default plain,{DEFAULT_METHOD}; with --endpoint and "
-                   "no --methods, the endpoint alone)")
+                   help=f"comma list of plain and drafting methods (default plain,{DEFAULT_METHOD}; with "
+                   "--endpoint and no --methods, the endpoint alone)")
     p.add_argument("--suite", default="spec-bench:2",
                    help="spec-bench[:N], mt-bench[:N], gsm8k[:N] (N prompts per task) or a JSONL file with a "
                    "'prompt' or 'turns' field (default spec-bench:2, 12 prompts)")
@@ -129,7 +129,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from augury.bench.suites import load_suite
     from augury.engine import check_k
 
-    methods = parse_methods(args.methods if args.methods is not None else ("" if args.endpoint else f"plain,{DEFAULT_METHOD}"))
+    default = "" if args.endpoint else f"plain,{DEFAULT_METHOD}"
+    methods = parse_methods(args.methods if args.methods is not None else default)
     drafting = list(dict.fromkeys(m.partition("@")[0] for m in methods if m.partition("@")[0] != "plain"))
     ks = parse_ks(args.sweep_k, args.k)
     check_k(args.k)

@@ -102,7 +102,7 @@ def run_demo(args: argparse.Namespace) -> int:
     specs, plains, engines, parts = [], [], [], []
     for run in range(args.runs):  # alternating, so that a slow spell of the machine hits both alike
         # A new matcher each run, the loaded draft model shared: the matcher's corpus of earlier outputs
-        # would have every run after the first copy the first one's answer (3.35x here, 2026-12-04).
+        # would have every run after the first copy the first one's answer (docs/benchmarks.md 21c).
         parts.append(HybridProposer(SuffixProposer(proposer.matcher.ngram_min), proposer.model,
                                     proposer.min_match_tokens))
         engines.append(Engine(target, parts[-1], k=args.k, adaptive=True))

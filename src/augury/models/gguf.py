@@ -127,9 +127,9 @@ def read_config(reader, path: Path) -> ModelConfig:
 def read_tokenizer(path: Path):
     """The model's tokenizer, built from GGUF metadata (vocabulary, merges, specials, template).
 
-    transformers keeps these helpers where they are from 5.18 on; 5.17 (on a GPU image, 2026-12-04)
-    had other ones, and its public GGUF loading built a different tokenizer for Qwen2 (an invented
-    `</s>` as end of sequence), so an older release is refused by name rather than worked around.
+    transformers keeps these helpers where they are from 5.18 on; older releases had other ones, and
+    5.17's public GGUF loading built a different tokenizer for Qwen2 (an invented `</s>` as end of
+    sequence), so an older release is refused by name rather than worked around (docs/benchmarks.md 21a).
     """
     try:
         from transformers.integrations.gguf.gguf_tokenizer_mapping import (
@@ -139,8 +139,8 @@ def read_tokenizer(path: Path):
     except ImportError:
         import transformers
 
-        raise AuguryError(f"reading a GGUF file's tokenizer needs transformers >= 5.18, not {transformers.__version__}: "
-                          "pip install 'transformers>=5.18,<6'") from None
+        raise AuguryError(f"reading a GGUF file's tokenizer needs transformers >= 5.18, not "
+                          f"{transformers.__version__}: pip install 'transformers>=5.18,<6'") from None
 
     from augury.models.tokenizer import Tokenizer, TokenizerMeta
 

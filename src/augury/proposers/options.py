@@ -18,8 +18,8 @@ from augury.models.store import DEFAULT_DRAFT
 
 DEFAULT_CROSS_DRAFT = "smollm2-135m-instruct"
 # The drafting method when none is named: the suffix matcher where its kind of draft is accepted as
-# often as the 0.5B's, the 0.5B otherwise; on Spec-Bench it was at least the model method's speed on
-# every path measured (docs/benchmarks.md 20a, 21).
+# often as the 0.5B's, the 0.5B otherwise; on Spec-Bench it was faster than the model method on three
+# of the four paths and temperatures measured and even on the fourth (docs/benchmarks.md 20a, 21c).
 DEFAULT_METHOD = "hybrid"
 # A Qwen2.5 0.5B drafting for its 1.5B sibling: a guess below even odds is
 # more often rejected than not (docs/benchmarks.md: 1.85x -> 2.00x at 0.5).
