@@ -322,6 +322,61 @@ def test_states_handed_over_equal_a_fresh_prefill_and_the_head_cache_is_rolled_b
     assert proposer.checked > 10
 
 
+class Recording(HeadProposer):
+    """A head drafter that records the states it is handed and, per draft, the sequence length it drafted after."""
+
+    def __init__(self, inner: HeadProposer) -> None:
+        super().__init__(inner.head)
+        self.received: list[torch.Tensor] = []
+        self.drafts: list[tuple[int, list[int]]] = []
+
+    def start(self, seq, prompt_hidden=None) -> None:
+        self.received, self.drafts = [prompt_hidden], []
+        super().start(seq, prompt_hidden)
+
+    def on_step(self, seq, result, hidden) -> None:
+        self.received.append(hidden)
+        super().on_step(seq, result, hidden)
+
+    def propose_batch(self, seqs, ks):
+        drafts = super().propose_batch(seqs, ks)
+        self.drafts += [(len(seq.tokens), list(draft.tokens)) for seq, draft in zip(seqs, drafts)]
+        return drafts
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_drafts_while_decoding_are_what_training_unrolls(kind, target, trained):
+    """`augury train` measures a head's held-out acceptance with `objective.rollout` over the target's
+    states: the drafts it makes while decoding must be rollout's predictions at the same anchor (the
+    last committed row) and depth, for as long as the draft so far is the text. A position, visibility
+    or feature fed differently while drafting would make the training curve a promise drafting breaks."""
+    from augury.train.objective import Batch, rollout
+
+    proposer = Recording(trained_proposer(trained, kind, target))
+    head = proposer.head
+    compared = [0, 0, 0, 0]
+    for prompt in PROMPTS:
+        text = prompt + Engine(target, proposer, k=4).generate(prompt, SamplingParams(max_tokens=30)).token_ids
+        states = head_net.pick_feature(proposer.config, torch.cat(proposer.received), head.target_config.hidden_size)
+        assert states.shape[0] == len(text) - 1
+        tokens = torch.tensor([text])
+        batch = Batch(tokens=tokens, states=torch.cat([states, states[-1:]])[None].float(), topk_ids=tokens[..., None],
+                      topk_p=torch.ones(1, len(text), 1), lengths=torch.tensor([len(text)]),
+                      starts=torch.tensor([len(prompt)]))
+        with torch.inference_mode():
+            predicted = [head.weights.vocab[head.logits(y).argmax(-1)][0].tolist() for y, _ in rollout(head, batch, 4)]
+        for length, drafted in proposer.drafts:
+            anchor = length - 2
+            for depth, token in enumerate(drafted, start=1):
+                assert token == predicted[depth - 1][anchor], (
+                    f"{kind}: drafted {token} at depth {depth} after {length} tokens, rollout predicts "
+                    f"{predicted[depth - 1][anchor]}")
+                compared[depth - 1] += 1
+                if anchor + depth + 1 >= len(text) or token != text[anchor + depth + 1]:
+                    break
+    assert compared[0] > 10 and compared[2] > 0, f"{kind}: too few chains to compare: {compared}"
+
+
 def test_mtp_reads_the_last_layers_output_and_eagle_the_final_state(target):
     assert untrained_proposer("mtp", target).hidden_layers == (target.config.num_layers - 1,)
     assert untrained_proposer("eagle", target).hidden_layers == ()

@@ -160,8 +160,14 @@ class HeadProposer(ProposerBase):
             live = more
 
     def _draft_blocks(self, seqs, states, ks, live, tokens, q_rows) -> None:
-        """Parallel heads: catch-up rows, then k - 1 mask rows that see each other, in one forward."""
-        outs = self._catch_up(seqs, states, live, {i: ks[i] - 1 for i in live})
+        """Parallel heads: catch-up rows, then the trained block's mask rows, in one forward.
+
+        The mask rows see each other, so each one's output depends on how many
+        there are: always the block - 1 that training unrolls (objective.rollout),
+        even for a shorter draft, or drafting would not be what training measured.
+        A 1-token draft needs none (the committed row does not see them).
+        """
+        outs = self._catch_up(seqs, states, live, {i: self.config.block - 1 if ks[i] > 1 else 0 for i in live})
         for i in live:
             rows = outs[i]
             logits = self.head.logits(rows)  # [1 + k - 1, N]: the anchor's row, then each mask row's
