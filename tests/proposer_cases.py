@@ -46,6 +46,15 @@ def _draft_model_subset(target: Model, seed: int) -> Proposer:
     return DraftModelProposer(draft, cfg.vocab_size, vocab_limit=subset_ids(cfg.vocab_size))
 
 
+def _draft_model_context(target: Model, seed: int) -> Proposer:
+    """The draft model reading only the last 4 tokens of a sequence at its start (most test prompts are longer)."""
+    from augury.proposers.draft_model import DraftModelProposer
+
+    cfg = target.config
+    draft = tiny_model(vocab=cfg.vocab_size, seed=seed, hidden=cfg.hidden_size, dtype=target.decoder.dtype)
+    return DraftModelProposer(draft, cfg.vocab_size, context=4)
+
+
 def subset_ids(vocab: int):
     """The ids the subset drafter keeps: every id but those = 1 (mod 3)."""
     import torch
@@ -89,6 +98,7 @@ PROPOSER_CASES: list[ProposerCase] = [
     ProposerCase("model", _draft_model),
     ProposerCase("model-lean", _draft_model_lean),
     ProposerCase("model-subset", _draft_model_subset),
+    ProposerCase("model-context", _draft_model_context),
     ProposerCase("ngram", _registered("ngram", ngram_min=1, ngram_max=3)),
     ProposerCase("suffix", _registered("suffix", match_min=1)),
     ProposerCase("hybrid", _hybrid),

@@ -542,3 +542,52 @@ def test_the_corpus_ranks_a_drafters_ids_by_frequency_then_id(monkeypatch):
         draft_vocab.ranked_ids(Letters(), 28, 3, "alphabetical")
     with pytest.raises(AuguryError, match="between 1 and"):
         draft_vocab.ranked_ids(Letters(), 28, 0)
+
+
+# -- a drafter reading the last N tokens of a prompt (--draft-context) ------------------------------------
+
+
+@pytest.mark.parametrize("batched_start", [True, False])
+def test_a_context_window_drafts_as_a_drafter_given_only_the_prompts_last_tokens(batched_start):
+    """With context N the drafter's cache starts at the prompt's last N tokens (before its last one, which
+    drafting feeds): every draft, across steps and rollbacks, is the one a drafter gets whose sequence is
+    those tokens alone; and a request not yet started owes a catch-up of N + 1 tokens, not the prompt."""
+    from augury.proposers.base import Sequence
+    from augury.proposers.draft_model import DraftModelProposer
+    from augury.request import Request
+    from augury.verify import VerifyResult
+
+    draft = tiny_model(vocab=40, seed=5, layers=2, hidden=64)
+    prompt = [(7 * i + 3) % 40 for i in range(23)]
+    context = 6
+    windowed = DraftModelProposer(draft, 40, context=context)
+    fresh = DraftModelProposer(draft, 40)
+    long_seq = Sequence(list(prompt), SamplingParams(max_tokens=30))
+    short_seq = Sequence(prompt[-context - 1 :], SamplingParams(max_tokens=30))
+    if batched_start:
+        windowed.start_batch([long_seq])
+    else:
+        windowed.prefill_batch([long_seq], [100])
+    fresh.start(short_seq)
+    state = windowed.states[long_seq.id]
+    assert (state.offset, state.fed, state.cache.lengths) == (len(prompt) - 1 - context, len(prompt) - 1, [context])
+    for step in range(5):
+        got, want = windowed.propose(long_seq, 3), fresh.propose(short_seq, 3)
+        assert got.tokens == want.tokens, f"step {step}"
+        accepted = step % 3
+        tokens = got.tokens[:accepted] + [(step * 11 + 1) % 40]
+        for seq, proposer in ((long_seq, windowed), (short_seq, fresh)):
+            seq.tokens += tokens
+            proposer.on_step(seq, VerifyResult(len(got), accepted, tokens), None)
+    assert state.cache.lengths == [state.fed - state.offset]
+
+    target = tiny_model(vocab=40, seed=6, layers=2, hidden=64)
+    request = Request(target, prompt, SamplingParams(max_tokens=30), DraftModelProposer(draft, 40, context=context))
+    assert request.catch_up() == context + 1
+
+
+def test_a_negative_draft_context_is_refused():
+    from augury.proposers.draft_model import DraftModelProposer
+
+    with pytest.raises(AuguryError, match="draft context must be >= 0"):
+        DraftModelProposer(tiny_model(vocab=40, seed=5, layers=2, hidden=64), 40, context=-1)

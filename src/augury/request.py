@@ -18,7 +18,7 @@ from augury.errors import AuguryError
 from augury.metrics import SpecStats
 from augury.models.loader import Model
 from augury.models.tokenizer import StreamDecoder
-from augury.proposers.base import Draft, Proposer, Sequence
+from augury.proposers.base import Draft, Proposer, Sequence, start_offset
 from augury.sampling import SamplingParams, log_probabilities, make_generator
 
 # A step commits the accepted drafts plus one token, so a drafter that drafted last step is one or two
@@ -100,7 +100,8 @@ class Request:
 
     def catch_up(self) -> int:
         """Tokens the proposer must feed before drafting, beyond a step's usual `IN_STEP_TOKENS` (0: in step)."""
-        behind = len(self.seq.tokens) - self.proposer_seen
+        seen = self.proposer_seen if self.started else start_offset(self.proposer, len(self.seq.tokens))
+        behind = len(self.seq.tokens) - seen
         return behind if behind > IN_STEP_TOKENS else 0
 
     def start(self, prompt_hidden: Tensor | None = None) -> None:

@@ -30,7 +30,7 @@ from torch import Tensor
 from augury.cache import KVCache
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.proposers.base import Draft, Proposer, propose_batch, start_batch
+from augury.proposers.base import Draft, Proposer, propose_batch, start_batch, start_offset
 from augury.request import Request
 from augury.sampling import draw, probabilities
 from augury.verify import VerifyResult, verify_chain, verify_coupled
@@ -151,8 +151,8 @@ def draft(proposer: Proposer, requests: list[Request], ks: list[int]) -> DraftRo
         request.stats.draft_s += (t2 - t0) / len(live)
         request.stats.draft_forwards += forwards
     longest = max(len(d) for d in drafts)
-    return DraftRound(len(live), longest, t2 - t1, in_step, sum(len(r.seq.tokens) for r in started), t1 - t0,
-                      forwards)
+    started_tokens = sum(len(r.seq.tokens) - start_offset(proposer, len(r.seq.tokens)) for r in started)
+    return DraftRound(len(live), longest, t2 - t1, in_step, started_tokens, t1 - t0, forwards)
 
 
 def draft_free(proposer: Proposer, requests: list[Request], k: int) -> None:
@@ -186,7 +186,7 @@ def prefill_drafters(proposer: Proposer, requests: list[Request], counts: list[i
     seconds = time.perf_counter() - t0
     fed = 0
     for request, n in zip(requests, seen):
-        fed += n - (request.proposer_seen if request.started else 0)
+        fed += n - (request.proposer_seen if request.started else start_offset(proposer, len(request.seq.tokens)))
         request.started = True
         request.proposer_seen = n
         request.stats.draft_forwards += forwards

@@ -173,6 +173,13 @@ def start_batch(proposer: Proposer, seqs: list[Sequence]) -> None:
         proposer.start(seq, None)
 
 
+def start_offset(proposer: Proposer, length: int) -> int:
+    """How many of a sequence's first tokens the proposer skips when it starts on `length` of them (a draft
+    model reading only the last N tokens of a long prompt); its start feeds the rest."""
+    offset = getattr(proposer, "start_offset", None)
+    return offset(length) if offset is not None else 0
+
+
 def batches(proposer: Proposer) -> bool:
     """Whether the proposer drafts several sequences in one forward (changes what drafting costs)."""
     return hasattr(proposer, "propose_batch")

@@ -17,6 +17,12 @@ proposed):
   Qwen the output matrix is over a third of what a step reads) while nearly
   every drafted token stays reachable; the others are still produced by the
   target as recovered or bonus tokens.
+- context: read only the last N tokens of what a sequence holds when the
+  drafter starts on it (its cache then begins there, at position 0). A long
+  prompt (a document to summarize or answer from) costs the drafter a prefill
+  of N tokens rather than of the whole prompt, which on a CPU can cost as much
+  as the drafting it buys; what the drafter no longer sees only shapes its
+  guesses. After the start it reads every token the target commits.
 
 With a prefix cache (`use_prefix_cache`, given by the batching scheduler) a
 sequence starts on the rows the drafter kept of earlier sequences with the same
@@ -44,8 +50,13 @@ START_ROWS = 512  # rows one batched drafter prefill may hold (its activations g
 @dataclass
 class _DraftState:
     cache: KVCache
-    fed: int  # how many of seq.tokens are in the cache
+    fed: int  # seq.tokens[offset:fed] are in the cache
     drafted: list[int]
+    offset: int = 0  # the first token the cache holds (`context`); its row 0
+
+    def cut(self) -> None:
+        """Drop cache rows past seq.tokens[fed - 1]."""
+        self.cache.truncate(self.fed - self.offset)
 
 
 def check_same_vocabulary(target: Model, draft: Model) -> None:
@@ -80,12 +91,16 @@ class DraftModelProposer(ProposerBase):
     name = "model"
 
     def __init__(
-        self, draft: Model, target_vocab_size: int, *, confidence: float = 0.0, vocab_limit: int | torch.Tensor = 0
+        self, draft: Model, target_vocab_size: int, *, confidence: float = 0.0, vocab_limit: int | torch.Tensor = 0,
+        context: int = 0,
     ) -> None:
         """vocab_limit: project onto the first N token ids (an int; 0 = all), or onto the given ascending ids
-        (a tensor, `draft_vocab.head_vocab`)."""
+        (a tensor, `draft_vocab.head_vocab`). context: read only the last N tokens at a start (0 = all)."""
         if not 0.0 <= confidence < 1.0:
             raise AuguryError(f"draft confidence must be in [0, 1), got {confidence}")
+        if context < 0:
+            raise AuguryError(f"draft context must be >= 0 tokens (0 = the whole sequence), got {context}")
+        self.context = context
         self.model = draft
         self.decoder = draft.decoder
         if isinstance(vocab_limit, torch.Tensor):
@@ -113,6 +128,10 @@ class DraftModelProposer(ProposerBase):
     def forwards(self) -> int:
         return self._forwards
 
+    def start_offset(self, length: int) -> int:
+        """The first of a sequence's `length` tokens the drafter reads when it starts on them (`context`)."""
+        return max(0, length - 1 - self.context) if self.context else 0
+
     def start(self, seq: Sequence, prompt_hidden=None) -> None:
         self.start_batch([seq])
 
@@ -126,21 +145,27 @@ class DraftModelProposer(ProposerBase):
         block, so a group holds blocks at least half as long as its first
         (longest) one, and at most START_ROWS rows unless one block is longer.
         """
-        todo = sorted(seqs, key=lambda seq: -len(seq.tokens))
+        def block(seq: Sequence) -> list[int]:  # every token but the last, from the start offset
+            return seq.tokens[self.start_offset(len(seq.tokens)) : -1]
+
+        todo = sorted(seqs, key=lambda seq: -len(block(seq)))
         if self.prefix is not None:
             todo = [seq for seq in todo if not self._start_from_prefix(seq)]
         while todo:
-            longest = len(todo[0].tokens) - 1  # the longest block: every token but the last
+            longest = len(block(todo[0]))
             fits = max(1, START_ROWS // max(longest, 1))
             # at least half the longest block (so no empty block joins a non-empty one)
-            group = [seq for seq in todo[:fits] if 2 * (len(seq.tokens) - 1) >= longest]
+            group = [seq for seq in todo[:fits] if 2 * len(block(seq)) >= longest]
             todo = todo[len(group) :]
             max_len = max(slots_for(len(seq.tokens), seq.params.max_tokens) for seq in group)
             pool = self.decoder.new_cache(len(group), max_len)
-            states = [_DraftState(cache=pool.rows(b, b + 1), fed=0, drafted=[]) for b in range(len(group))]
+            states = []
+            for b, seq in enumerate(group):
+                offset = self.start_offset(len(seq.tokens))
+                states.append(_DraftState(cache=pool.rows(b, b + 1), fed=offset, drafted=[], offset=offset))
             self.states.update((seq.id, state) for seq, state in zip(group, states))
             if longest > 0:
-                self._feed(states, [seq.tokens[:-1] for seq in group], want_logits=False, cache=pool)
+                self._feed(states, [block(seq) for seq in group], want_logits=False, cache=pool)
 
     def prefill_batch(self, seqs: list[Sequence], counts: list[int]) -> list[int]:
         """Feed each sequence's next counts[i] tokens the drafter has not seen, drafting nothing; returns
@@ -157,8 +182,9 @@ class DraftModelProposer(ProposerBase):
             state = self.states.get(seq.id)
             if state is None:
                 cache = self.decoder.new_cache(1, slots_for(len(seq.tokens), seq.params.max_tokens))
-                state = self.states[seq.id] = _DraftState(cache=cache, fed=0, drafted=[])
-                if self.prefix is not None:
+                offset = self.start_offset(len(seq.tokens))
+                state = self.states[seq.id] = _DraftState(cache=cache, fed=offset, drafted=[], offset=offset)
+                if self.prefix is not None and offset == 0:
                     block = seq.tokens[:-1]
                     state.fed = self.prefix.take(block, len(block), cache) if block else 0
             states.append(state)
@@ -170,8 +196,11 @@ class DraftModelProposer(ProposerBase):
         return [state.fed for state in states]
 
     def _start_from_prefix(self, seq: Sequence) -> bool:
-        """Start a sequence alone on the prefix cache's rows of its start, then feed the rest; False if none are cached."""
+        """Start a sequence alone on the prefix cache's rows of its start, then feed the rest; False if none are
+        cached or the drafter does not read the sequence from its start (`context`)."""
         block = seq.tokens[:-1]
+        if self.start_offset(len(seq.tokens)) > 0:
+            return False
         if self.prefix.lookup(block, len(block)).length == 0:
             self.prefix.misses += 1
             return False
@@ -209,7 +238,7 @@ class DraftModelProposer(ProposerBase):
         for b, (state, block) in enumerate(zip(states, blocks)):
             state.fed += len(block)
             if width > len(block):
-                state.cache.truncate(state.fed)
+                state.cut()
             out.append(logits[b, -1 if only_last else len(block) - 1])
         return out
 
@@ -295,13 +324,13 @@ class DraftModelProposer(ProposerBase):
         old = len(seq.tokens) - len(result.tokens)
         keep = old + min(accepted, max(drafted - 1, 0))
         state.fed = min(state.fed, keep)
-        state.cache.truncate(state.fed)
+        state.cut()
         state.drafted = []
 
     def finish(self, seq: Sequence) -> None:
         """Free the sequence's state; with a prefix cache, keep its rows there (owned by it until the driver settles)."""
         state = self.states.pop(seq.id, None)
-        if state is not None and self.prefix is not None:
+        if state is not None and self.prefix is not None and state.offset == 0:
             self.prefix.store(seq.tokens[: state.fed], state.cache, owner=seq.id)
 
 
@@ -323,5 +352,5 @@ def build(target: Model, options) -> DraftModelProposer:
     draft = quantize_draft(draft, options.draft_quant)
     return DraftModelProposer(
         draft, target.config.vocab_size, confidence=options.draft_confidence,
-        vocab_limit=head_vocab(draft, options.draft_vocab, options.draft_vocab_order),
+        vocab_limit=head_vocab(draft, options.draft_vocab, options.draft_vocab_order), context=options.draft_context,
     )

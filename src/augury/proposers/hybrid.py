@@ -28,7 +28,7 @@ from __future__ import annotations
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers.base import (MATCH_BUCKETS, Draft, Proposer, ProposerBase, Sequence, propose_batch,
-                                   start_batch)
+                                   start_batch, start_offset)
 from augury.proposers.suffix import build as build_suffix
 from augury.verify import VerifyResult
 
@@ -67,6 +67,10 @@ class HybridProposer(ProposerBase):
 
     def use_prefix_cache(self, prefix) -> None:
         self.model.use_prefix_cache(prefix)
+
+    def start_offset(self, length: int) -> int:
+        """The model part's (`proposers.base.start_offset`): the matcher's start costs nothing."""
+        return start_offset(self.model, length)
 
     def start(self, seq: Sequence, prompt_hidden=None) -> None:
         self._started.add(seq.id)

@@ -87,6 +87,8 @@ class ModelOptions(LoadOptions):
     draft_skip_layers: str | None = opt(None, "leave these of the drafter's layers out: a comma list (e.g. 9,11,13) "
                                         "or a file from `augury calibrate`; fewer bytes per drafted token, "
                                         "fewer tokens accepted (none left out by default)")
+    draft_context: int = opt(0, "the drafter reads only the last N tokens of a prompt (0 = all of it): a long "
+                             "prompt's drafter prefill costs N tokens, not the whole prompt", int)
 
 
 @dataclass(frozen=True)
