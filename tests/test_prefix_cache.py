@@ -107,7 +107,10 @@ def test_greedy_text_is_identical_with_and_without_the_prefix_cache(case, target
     assert got == want, f"{case and case.name}: text with the prefix cache differs from plain greedy"
     cache = scheduler.prefix
     assert cache.hits == 3 and cache.saved_tokens >= 3 * 20, f"the cache served too little: {cache.hits} hits"
-    if case is not None and case.name.startswith(("model", "quantized", "layerskip", "hybrid")):
+    if case is not None and case.name == "model-context":
+        # its rows of a prompt longer than its context start past position 0: nothing to share
+        assert scheduler.draft_prefix is not None and scheduler.draft_prefix.bytes == 0
+    elif case is not None and case.name.startswith(("model", "quantized", "layerskip", "hybrid")):
         assert scheduler.draft_prefix is not None and scheduler.draft_prefix.hits > 0, "the drafter never reused rows"
     if case is not None:
         assert scheduler.stats.drafted > 0, f"{case.name} never drafted: the check proved nothing"
