@@ -389,22 +389,26 @@ def test_chats_resend_the_whole_history_every_turn_and_time_each_turn():
     follow = {"role": "user", "content": FOLLOW_UP}
     sent = [b["messages"] for b in bodies]
     first = [fresh(chat(PROMPTS[0]), 0), fresh(chat(PROMPTS[1]), 1)]
+    again = [fresh(chat(PROMPTS[0]), 0, again=True), fresh(chat(PROMPTS[1]), 1, again=True)]
     assert first[0] == [{"role": "user", "content": "Conversation 1.\n" + PROMPTS[0]}]
-    assert sent == [first[0], first[0] + [reply, follow], first[0] + [reply, follow] * 2,
-                    first[1], first[1] + [reply, follow], first[1] + [reply, follow] * 2]
+    assert again[0] == [{"role": "user", "content": "Conversation 1, once more.\n" + PROMPTS[0]}]
+    # each chat's turn 2 is sent once more under its own opening line: the same turn, nothing of it cached
+    assert sent == [first[0], first[0] + [reply, follow], first[0] + [reply, follow] * 2, again[0] + [reply, follow],
+                    first[1], first[1] + [reply, follow], first[1] + [reply, follow] * 2, again[1] + [reply, follow]]
     assert [(r.server, r.prompt, len(r.ttft_s)) for r in results] == [("llama-server", 0, 3), ("llama-server", 1, 3)]
-    assert all(t > 0 for r in results for t in r.ttft_s)
+    assert all(t > 0 for r in results for t in r.ttft_s) and all(r.uncached_second_s > 0 for r in results)
 
 
 def test_the_second_turn_ratio_table_and_goal_from_known_numbers():
-    from augury.bench.chats import ChatResult, chat_goals, chat_table, second_turn_ratio
+    from augury.bench.chats import ChatResult, chat_goals, chat_table, second_turn_ratio, uncached_ratio
 
-    results = [ChatResult(SPEC_OFF, 0, (2.0, 0.4, 0.5)), ChatResult(SPEC_OFF, 1, (1.0, 0.1, 0.3)),
+    results = [ChatResult(SPEC_OFF, 0, (2.0, 0.4, 0.5), 0.8), ChatResult(SPEC_OFF, 1, (1.0, 0.1, 0.3), 0.4),
                ChatResult(SPEC_ON, 0, (2.0, 1.0, 1.5))]
     assert second_turn_ratio(results[:2]) == pytest.approx((0.2 + 0.1) / 2)
+    assert uncached_ratio(results[:2]) == pytest.approx((0.5 + 0.25) / 2) and uncached_ratio(results[2:]) is None
     table = chat_table(results, {SPEC_OFF: "spec off", SPEC_ON: "spec on"})
-    assert table.rows[0] == ["spec off", "2", "1.50", "0.25", "0.40", "0.15x"]
-    assert table.rows[1] == ["spec on", "1", "2.00", "1.00", "1.50", "0.50x"]
+    assert table.rows[0] == ["spec off", "2", "1.50", "0.25", "0.40", "0.15x", "0.60", "0.38x"]
+    assert table.rows[1] == ["spec on", "1", "2.00", "1.00", "1.50", "0.50x", "—", "—"]
     goals = chat_goals(results, {SPEC_OFF: "spec off", SPEC_ON: "spec on"})
     assert goals == ["goal: a second turn's TTFT at most 0.3x the first's (spec off): met (0.15x)",
                      "goal: a second turn's TTFT at most 0.3x the first's (spec on): missed (0.50x)"]
