@@ -104,6 +104,30 @@ def test_ragged_batch_equals_one_by_one(pair):
     assert batch_cache.lengths == [14, 9]
 
 
+@pytest.mark.parametrize("block", [1, 3])
+def test_short_blocks_in_one_masked_call_equal_rows_attended_alone(pair, block):
+    """A GPU attends decode and verification blocks of a ragged batch in one masked call
+    (`masked_short_blocks`); its logits are the row-by-row path's, the CPU's reference."""
+    arch, _, ours = pair
+    assert not ours.masked_short_blocks, "on a CPU short blocks attend row by row (their bits are each row's own)"
+    torch.manual_seed(5)
+    prompts = torch.randint(0, 96, (3, 12))
+    steps = torch.randint(0, 96, (3, block))
+    logits = {}
+    for masked in (False, True):
+        cache = ours.new_cache(3, 64)
+        ours.forward(prompts, cache)
+        cache.lengths = [12, 7, 4]  # ragged: rows 1 and 2 forget their last positions
+        ours.masked_short_blocks = masked
+        try:
+            logits[masked] = ours.forward(steps, cache)
+        finally:
+            ours.masked_short_blocks = False
+        assert cache.lengths == [12 + block, 7 + block, 4 + block]
+    err = rel_err(logits[True], logits[False])
+    assert err < 1e-5, f"{arch}: masked short blocks differ from rows attended alone by {err:.2e}"
+
+
 def test_single_token_padding_is_invisible(pair):
     """Padding one-token steps must not change results (compared to no padding), whatever padding applies."""
     from augury.calibration import NO_PADDING, RowPadding

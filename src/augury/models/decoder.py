@@ -129,6 +129,11 @@ class Decoder:
         # catch-ups go row by row (one call per row and layer is the fastest there, and lets a
         # drafter batch sequences whose caches are separate, see cache.CacheGroup).
         self.row_attention_limit = PREFILL_ROWS if exact else 4
+        # On a GPU short blocks attend in one masked call as well: a launch per row and layer costs
+        # more there than the whole call (a 128-row decode step: 3,584 launches), and its kernels keep
+        # no row bitwise apart from its batch anyway (see the padding above). A cache group cannot be
+        # viewed as one tensor, so its rows still attend alone.
+        self.masked_short_blocks = self.device.type != "cpu"
         self.native = NativeStack.build(config, weights, self.scale) if native else None
         self.head_ids: Tensor | None = None  # [N] the token ids lm_head's rows stand for (with_head_rows), or all
 
@@ -330,7 +335,7 @@ class Decoder:
         total = max(cache.lengths) + t
 
         def visibility(window: int | None):
-            if t <= self.row_attention_limit:
+            if t <= self.row_attention_limit and not (self.masked_short_blocks and isinstance(cache, KVCache)):
                 # Each real row attends alone to exactly the keys it sees: the same
                 # call shape whether the token is decoded alone or verified in a block.
                 return row_key_sets(cache.lengths, positions, block_mask, window=window)
