@@ -124,6 +124,28 @@ def test_the_cache_slack_holds_the_longest_verification_block():
     assert draft_room(8, 10) == 0
 
 
+@pytest.mark.parametrize("rows", [3, 12])
+@pytest.mark.parametrize("block", [1, 4])
+def test_a_ragged_write_puts_each_rows_block_after_its_own_length(rows, block):
+    """`KVCache.write` on rows of different lengths (row by row for a few, one indexed copy for many):
+    each row's new slots hold its own block, and no other slot changes."""
+    gen = torch.Generator().manual_seed(rows + block)
+    cache = KVCache(num_layers=2, batch_size=rows, num_kv_heads=2, head_dim=3, max_len=16, dtype=torch.float32)
+    for tensors in (cache.keys, cache.values):
+        for t in tensors:
+            t.copy_(torch.randn(t.shape, generator=gen))
+    cache.lengths = [(5 * b) % 11 for b in range(rows)]
+    before_keys = [k.clone() for k in cache.keys]
+    k_new, v_new = torch.randn(rows, 2, block, 3, generator=gen), torch.randn(rows, 2, block, 3, generator=gen)
+    cache.write(1, k_new, v_new)
+    expected = before_keys[1].clone()
+    for b, start in enumerate(cache.lengths):
+        expected[b, :, start : start + block] = k_new[b]
+        assert torch.equal(cache.values[1][b, :, start : start + block], v_new[b])
+    assert torch.equal(cache.keys[1], expected)
+    assert torch.equal(cache.keys[0], before_keys[0]), "another layer's slots are untouched"
+
+
 def test_row_views_share_the_pools_lengths_and_rows_move_with_their_slots():
     pool = KVCache(num_layers=1, batch_size=3, num_kv_heads=1, head_dim=2, max_len=8, dtype=torch.float32)
     view = pool.rows(1, 3)

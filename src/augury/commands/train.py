@@ -63,6 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--request-tokens", type=_positive(int), default=96, help="self: longest request (default 96)")
     c.add_argument("--answer-tokens", type=_positive(int), default=256, help="self: longest answer (default 256)")
     c.add_argument("--max-batch", type=_positive(int), default=8, help="self: conversations decoded together")
+    c.add_argument("--self-writer", choices=("waves", "scheduler"), default="waves",
+                   help="self: waves (default: each wave's rows decoded as one batch, the states prefilled after "
+                   "it) or scheduler (the serving scheduler, the states recorded while it writes)")
     c.add_argument("--prefill-tokens", type=_positive(int), default=512,
                    help="padded tokens per batched prefill while collecting (default 512)")
     h = p.add_argument_group("head")
@@ -147,7 +150,7 @@ def run_train(args: argparse.Namespace) -> int:
         sources=sources, data_paths=tuple(args.data), max_tokens=args.corpus_tokens, max_sequences=args.sequences,
         share=args.collect_share, batch_tokens=args.prefill_tokens,
         self_plan=SelfCorpusPlan(request_tokens=args.request_tokens, answer_tokens=args.answer_tokens,
-                                 max_batch=args.max_batch, seed=args.seed))
+                                 max_batch=args.max_batch, seed=args.seed, writer=args.self_writer))
     target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline,
                         progress=not args.quiet)
     outcome = train(target, config, args.out, hours=args.hours, plan=plan, corpus=corpus, resume=args.resume,

@@ -25,6 +25,7 @@ from augury.models.loader import Model
 from augury.train import corpus as corpora
 from augury.train import features as feats
 from augury.train import stdlib_corpus
+from augury.train.writer import write_corpus
 from augury.train.progress import ProgressBar
 
 SOURCES = ("stdlib", "stdlib-tests", "self")
@@ -98,24 +99,6 @@ def collect_corpus(
         full = plan.max_tokens is not None and count["tokens"] >= plan.max_tokens
         return not full and time.monotonic() < deadline
 
-    if "self" in plan.sources:
-        # writing is slow: it gets the whole share only when it is the sole source
-        share_end = deadline if plan.sources == ("self",) and not plan.data_paths else (
-            t_start + (deadline - t_start) / 2)
-        bar = ticker("the target writes its corpus")
-        t0 = time.monotonic()
-        written = corpora.self_corpus(
-            target, plan.self_plan, deadline=share_end, max_sequences=plan.max_sequences,
-            recorder=corpora.StateRecorder(feature_layers(config, target.config)),
-            on_sequence=lambda n, tokens: bar.update(fraction(), tokens=tokens, sequences=n))
-        bar.close()
-        rates["self"] = round(written.tokens / max(time.monotonic() - t0, 1e-9) * 3600)
-        for ids, states, start in zip(written.sequences, written.states, written.starts):
-            added = feats.add_recorded(writer, target, config, ids, states, topk, start) if states is not None else 0
-            count["tokens"] += added
-            count["sequences"] += added > 0
-        sources += written.description
-
     def prefill(corpus: corpora.Corpus, bar: ProgressBar) -> float:
         t0 = time.monotonic()
 
@@ -127,6 +110,32 @@ def collect_corpus(
         feats.collect(target, corpus.sequences, config, writer, starts=corpus.starts or None, topk=topk,
                       batch_tokens=plan.batch_tokens, deadline=deadline, progress=tick)
         return time.monotonic() - t0
+
+    if "self" in plan.sources:
+        # writing is slow: it gets the whole share only when it is the sole source
+        share_end = deadline if plan.sources == ("self",) and not plan.data_paths else (
+            t_start + (deadline - t_start) / 2)
+        bar = ticker("the target writes its corpus")
+        t0 = time.monotonic()
+
+        def progress_of(sequences: int, tokens: int) -> None:
+            bar.update(fraction(), tokens=tokens, sequences=sequences)
+
+        if plan.self_plan.writer == "waves":
+            written = write_corpus(target, plan.self_plan, deadline=share_end, max_sequences=plan.max_sequences,
+                                   on_sequence=progress_of, on_wave=lambda wave: prefill(wave, bar))
+        else:
+            written = corpora.self_corpus(
+                target, plan.self_plan, deadline=share_end, max_sequences=plan.max_sequences,
+                recorder=corpora.StateRecorder(feature_layers(config, target.config)), on_sequence=progress_of)
+        bar.close()
+        for ids, states, start in zip(written.sequences, written.states, written.starts):
+            added = feats.add_recorded(writer, target, config, ids, states, topk, start) if states is not None else 0
+            count["tokens"] += added
+            count["sequences"] += added > 0
+        # tokens of states an hour, the prefill of what was written included
+        rates["self"] = round(written.tokens / max(time.monotonic() - t0, 1e-9) * 3600)
+        sources += written.description
 
     prefilled = {"tokens": 0, "seconds": 0.0}
     for path in plan.data_paths:

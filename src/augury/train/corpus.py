@@ -191,6 +191,9 @@ class SelfCorpusPlan:
     temperature: float = 1.0  # requests are sampled (variety); answers are greedy (what greedy decoding will ask)
     top_p: float = 0.95
     seed: int = 0
+    # "waves": `writer.write_corpus` (a batch per wave, states by prefill after); "scheduler": `self_corpus`
+    # (the serving scheduler, states recorded while writing)
+    writer: str = "waves"
 
 
 def self_corpus(
