@@ -7,13 +7,14 @@
 # OUT      folder for the head (default heads/gpu-eagle)
 # MINUTES  the whole budget, collection included (default 12: one 15-minute GPU lease less its start)
 #
-# Environment: DEVICE (cuda), KIND (eagle), CORPUS (self,stdlib,stdlib-tests), MAX_BATCH (64),
+# Environment: DEVICE (cuda), KIND (eagle), CORPUS (self,stdlib,stdlib-tests), MAX_BATCH (256),
 # TOKENS (10000000 states to collect), PIECE (16m: the head is also written in pieces of at most this
 # size, for transfers that limit file sizes), AUGURY (augury), EXTRA (more `augury train` flags, e.g.
 # "--data my.jsonl").
 #
 # Collection first has the target write (`self`: requests from its chat template's user prefix and
-# greedy answers, MAX_BATCH conversations decoded together) for half the collection share, then reads
+# greedy answers, in waves of MAX_BATCH conversations decoded as one batch, each wave's states taken by
+# prefill after it; on a GPU a short block attends in one masked call) for half the collection share, then reads
 # the standard library and its test suites by batched prefill (PSF-licensed; about 8 M tokens on
 # CPython 3.11, 2.3 M on a 3.12 whose test suite was installed only in part). Why the writing: a head trained
 # on library states alone drafts prose badly (docs/benchmarks.md 21: 4.6 M tokens seen, held-out
@@ -40,7 +41,7 @@ echo "training a $KIND head for $MODEL on $DEVICE: $MINUTES minutes, up to $TOKE
 $AUGURY train --model "$MODEL" --kind "$KIND" --hours "$hours" --out "$OUT" --device "$DEVICE" \
     --dtype "${DTYPE:-bf16}" --offline --corpus "${CORPUS:-self,stdlib,stdlib-tests}" --corpus-tokens "$TOKENS" \
     --collect-share "${COLLECT_SHARE:-0.5}" --prefill-tokens "${PREFILL_TOKENS:-32768}" \
-    --batch "${BATCH:-32}" --max-batch "${MAX_BATCH:-64}" --seq-len "${SEQ_LEN:-512}" --lr "${LR:-1e-3}" \
+    --batch "${BATCH:-32}" --max-batch "${MAX_BATCH:-256}" --seq-len "${SEQ_LEN:-512}" --lr "${LR:-1e-3}" \
     --curve-at "${CURVE_AT:-200000,1000000,3000000,10000000,30000000}" --quiet ${EXTRA:-}
 
 head="$OUT/head.safetensors"

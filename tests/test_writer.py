@@ -112,3 +112,29 @@ def test_the_writer_leaves_the_last_waves_states_time_before_the_deadline(target
 
     corpus = write_corpus(target, plan, deadline=time.monotonic() + 120, on_wave=slow)
     assert len(handed) == 1 and len(corpus.sequences) <= 2
+
+
+def test_auto_writes_in_waves_on_a_gpu_and_through_the_scheduler_on_a_cpu():
+    plan = SelfCorpusPlan()
+    assert plan.writer_on(torch.device("cpu")) == "scheduler"
+    assert plan.writer_on(torch.device("cuda")) == "waves"
+    assert SelfCorpusPlan(writer="waves").writer_on(torch.device("cpu")) == "waves"
+
+
+def test_train_with_the_wave_writer_prefills_what_it_wrote(home, tmp_path, capsys):
+    """`augury train --corpus self --self-writer waves`: the head's description names the writer, and every
+    conversation written became states (prefilled wave by wave within the collection's time)."""
+    import json
+
+    from augury.cli import main
+    from tests.test_train import QUICK
+
+    out = home / "head"
+    code = main(["train", "--model", str(tiny_target(tmp_path / "t")), "--kind", "eagle", "--out", str(out),
+                 "--corpus", "self", "--self-writer", "waves", "--max-batch", "6", "--max-steps", "10", *QUICK])
+    assert code == 0, capsys.readouterr().err
+    data = json.loads((out / "head.json").read_text())["data"]
+    written = next(s for s in data["sources"] if s["source"] == "self")
+    assert written["writer"] == "waves" and written["sequences"] == 24
+    assert data["tokens"] == written["tokens"], "every written token's states were collected"
+    assert data["tokens_per_hour"]["self"] > 0

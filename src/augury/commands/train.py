@@ -63,9 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--request-tokens", type=_positive(int), default=96, help="self: longest request (default 96)")
     c.add_argument("--answer-tokens", type=_positive(int), default=256, help="self: longest answer (default 256)")
     c.add_argument("--max-batch", type=_positive(int), default=8, help="self: conversations decoded together")
-    c.add_argument("--self-writer", choices=("waves", "scheduler"), default="waves",
-                   help="self: waves (default: each wave's rows decoded as one batch, the states prefilled after "
-                   "it) or scheduler (the serving scheduler, the states recorded while it writes)")
+    c.add_argument("--self-writer", choices=("auto", "waves", "scheduler"), default="auto",
+                   help="self: waves (each wave's rows decoded as one batch, the states prefilled after it), "
+                   "scheduler (the serving scheduler, the states recorded while it writes) or auto (default: "
+                   "waves on a GPU, the scheduler on a CPU)")
     c.add_argument("--prefill-tokens", type=_positive(int), default=512,
                    help="padded tokens per batched prefill while collecting (default 512)")
     h = p.add_argument_group("head")

@@ -121,7 +121,7 @@ def collect_corpus(
         def progress_of(sequences: int, tokens: int) -> None:
             bar.update(fraction(), tokens=tokens, sequences=sequences)
 
-        if plan.self_plan.writer == "waves":
+        if plan.self_plan.writer_on(target.decoder.device) == "waves":
             written = write_corpus(target, plan.self_plan, deadline=share_end, max_sequences=plan.max_sequences,
                                    on_sequence=progress_of, on_wave=lambda wave: prefill(wave, bar))
         else:

@@ -192,8 +192,17 @@ class SelfCorpusPlan:
     top_p: float = 0.95
     seed: int = 0
     # "waves": `writer.write_corpus` (a batch per wave, states by prefill after); "scheduler": `self_corpus`
-    # (the serving scheduler, states recorded while writing)
-    writer: str = "waves"
+    # (the serving scheduler, states recorded while writing); "auto": waves on a GPU, the scheduler on a CPU
+    writer: str = "auto"
+
+    def writer_on(self, device: torch.device) -> str:
+        """The writer for a target on this device. On a CPU the scheduler wrote faster (its batch stays full
+        and it records the states as it goes, where a wave's batch thins out before its longest answer ends
+        and its states cost a second prefill: docs/benchmarks.md 23); on a GPU each row's small kernels in
+        the scheduler's step cost more than the batch's whole forward, which a wave runs once a step."""
+        if self.writer != "auto":
+            return self.writer
+        return "scheduler" if device.type == "cpu" else "waves"
 
 
 def self_corpus(
