@@ -413,9 +413,9 @@ def test_nucleus_cut_is_bitwise_its_full_sort_reference():
         for i in range(len(rows)):
             assert torch.equal(nucleus_boundary(probs[i : i + 1], top_p), fast[i : i + 1]), f"row {i} alone"
         sizes.update((probs >= fast).sum(-1).tolist())
-    first, last = NUCLEUS_CANDIDATES[0], NUCLEUS_CANDIDATES[-1]
-    stages = {"first": any(n < first for n in sizes), "second": any(first <= n < last for n in sizes),
-              "full sort": any(n >= last for n in sizes)}
+    bounds = (0, *NUCLEUS_CANDIDATES, vocab + 1)  # a nucleus in [bounds[i], bounds[i + 1]) ends at stage i
+    stages = {f"stage {i} (< {high})": any(low <= n < high for n in sizes)
+              for i, (low, high) in enumerate(zip(bounds, bounds[1:]))}
     assert all(stages.values()), f"nuclei of {sorted(sizes)} tokens leave a stage untried: {stages}"
 
 

@@ -247,9 +247,10 @@ def probabilities(
     return probs / probs.sum(-1, keepdim=True)
 
 
-# Tokens sorted first, in widening stages (topk of 64 of 152k cost 0.19 ms a row here, of 1024 0.52 ms);
-# a nucleus reaching past the last stage sorts its whole row.
-NUCLEUS_CANDIDATES = (64, 1024)
+# Tokens sorted first, in widening stages (topk of 64 of 152k cost 0.19 ms a row here, of 1024 0.52 ms,
+# of 32768 1.9 ms against 5.9 ms for the full sort); a nucleus reaching past the last stage sorts its whole
+# row. At temperature 1 many nuclei hold thousands of tokens (a request's first tokens: docs/benchmarks.md 23).
+NUCLEUS_CANDIDATES = (64, 1024, 32768)
 
 
 def nucleus_boundary_reference(probs: Tensor, top_p: float) -> Tensor:
