@@ -195,6 +195,13 @@ class SelfCorpusPlan:
     # (the serving scheduler, states recorded while writing); "auto": waves on a GPU, the scheduler on a CPU
     writer: str = "auto"
 
+    def describe(self, writer: str) -> dict:
+        """The corpus description of what this plan has the target write (sequences and tokens added at the end)."""
+        return {"source": "self", "kind": "magpie", "writer": writer,
+                "note": "the target writes user requests from its chat template's user prefix "
+                        f"(temperature {self.temperature}, top_p {self.top_p}, <= {self.request_tokens} tokens) "
+                        f"and answers them greedily (<= {self.answer_tokens} tokens), {self.max_batch} at a time"}
+
     def writer_on(self, device: torch.device) -> str:
         """The writer for a target on this device. On a CPU the scheduler wrote faster (its batch stays full
         and it records the states as it goes, where a wave's batch thins out before its longest answer ends
@@ -232,13 +239,7 @@ def self_corpus(
         adaptive_k=False,
     ))
     events: queue.Queue = queue.Queue()
-    corpus = Corpus()
-    corpus.description.append({
-        "source": "self", "kind": "magpie",
-        "note": "the target writes user requests from its chat template's user prefix "
-                f"(temperature {plan.temperature}, top_p {plan.top_p}, <= {plan.request_tokens} tokens) "
-                f"and answers them greedily (<= {plan.answer_tokens} tokens)",
-    })
+    corpus = Corpus(description=[plan.describe("scheduler")])
     seeds = iter(range(plan.seed * 1_000_003, 1 << 62))
     in_flight = 0
 

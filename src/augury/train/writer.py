@@ -109,13 +109,7 @@ def write_corpus(
     generator = torch.Generator(device=target.decoder.device).manual_seed(plan.seed)
     asking = SamplingParams(temperature=plan.temperature, top_p=plan.top_p, max_tokens=plan.request_tokens)
     answering = SamplingParams(max_tokens=plan.answer_tokens)
-    corpus = Corpus()
-    corpus.description.append({
-        "source": "self", "kind": "magpie", "writer": "waves",
-        "note": "the target writes user requests from its chat template's user prefix "
-                f"(temperature {plan.temperature}, top_p {plan.top_p}, <= {plan.request_tokens} tokens) "
-                f"and answers them greedily (<= {plan.answer_tokens} tokens), {plan.max_batch} at a time",
-    })
+    corpus = Corpus(description=[plan.describe("waves")])
     wanted = max_sequences if max_sequences is not None else 1 << 62
     reserve = None  # seconds the last wave's on_wave took
     while len(corpus.sequences) < wanted:
@@ -126,9 +120,8 @@ def write_corpus(
         n = min(plan.max_batch, wanted - len(corpus.sequences))
         requests, ended = continue_batch(target, [prefix] * n, plan.request_tokens, asking, generator,
                                          deadline=writing_ends)
-        texts = [tokenizer.decode(ids).strip() for ids, done in zip(requests, ended) if done]
-        prompts = [tokenizer.encode_chat([{"role": "user", "content": text}]) for text in texts if text]
-        texts = [text for text in texts if text]
+        texts = [text for text in (tokenizer.decode(ids).strip() for ids, done in zip(requests, ended) if done) if text]
+        prompts = [tokenizer.encode_chat([{"role": "user", "content": text}]) for text in texts]
         if not prompts:
             continue
         answers, _ = continue_batch(target, prompts, plan.answer_tokens, answering, None, deadline=writing_ends)
