@@ -238,6 +238,33 @@ def test_eviction_keeps_the_budget_and_drops_the_least_recently_used_leaf(target
     assert prefix.bytes <= prefix.budget and prefix.evictions == 2
 
 
+def test_the_arena_is_reserved_at_start_and_evicted_slots_are_reused(target):
+    """The budget is taken when the server is built (its memory does not grow as the cache fills), no store
+    allocates, and a slot freed by eviction serves its new block's rows, not the old ones."""
+    one = stored_cache(target, [tokens(BLOCK, seed=1)]).block_bytes
+    proposer = make_proposer(PROPOSER_CASES[0], target)  # a model drafter: it gets the other part of the budget
+    budget = 7 * one + one // 2
+    scheduler = Scheduler(target, proposer, SchedulerConfig(max_batch=2, prefix_cache_bytes=budget, prefix_block=BLOCK))
+    prefix, draft_prefix = scheduler.prefix, scheduler.draft_prefix
+    assert draft_prefix is not None and draft_prefix.reserved > 0, "the drafter's arena was not reserved at start"
+    assert 0 < prefix.reserved <= prefix.budget and prefix.reserved + prefix.block_bytes > prefix.budget
+    assert prefix.bytes == 0 and draft_prefix.bytes == 0
+    arena = prefix._keys.data_ptr(), prefix._values.data_ptr()
+    slots = prefix.reserved // prefix.block_bytes
+    seqs = [tokens(BLOCK, seed=40 + i) for i in range(slots + 2)]
+    for seq in seqs:  # two more blocks than slots: the first two are evicted and their slots reused
+        prefix.store(seq, _cache_for(target, seq))
+    assert (prefix._keys.data_ptr(), prefix._values.data_ptr()) == arena and len(prefix) == slots
+    assert prefix.evictions == 2 and prefix.lookup(seqs[0], BLOCK).length == 0
+    for seq in seqs[2:]:
+        want = _cache_for(target, seq)
+        got = target.decoder.new_cache(1, 16)
+        assert prefix.take(seq + [0], BLOCK, got) == BLOCK
+        for layer in range(len(got.keys)):
+            assert torch.equal(got.keys[layer][0, :, :BLOCK], want.keys[layer][0, :, :BLOCK])
+            assert torch.equal(got.values[layer][0, :, :BLOCK], want.values[layer][0, :, :BLOCK])
+
+
 def test_the_scheduler_stays_within_its_budget(target):
     one = stored_cache(target, [tokens(BLOCK, seed=1)]).bytes
     scheduler = Scheduler(target, None, SchedulerConfig(max_batch=2, prefix_cache_bytes=5 * one, prefix_block=BLOCK))

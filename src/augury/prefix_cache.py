@@ -13,8 +13,13 @@ longest common start of one child block: row i of a causal model depends on
 tokens 0..i only, so the first j rows of a block serve any sequence that shares
 its first j tokens. Only whole blocks are stored.
 
-Memory has a budget in bytes; a block that does not fit evicts the least
-recently used leaf until it does. A lookup or a store touches its path from the
+Memory has a budget in bytes, reserved at once in one arena of whole blocks
+(as vLLM reserves its block pool): the server's footprint is what it is at
+start and does not grow as the cache fills, and a block's rows are copied into
+a free slot rather than into a tensor of their own (no allocation per block).
+The arena is shaped by the first cache it serves (`reserve`, called by whoever
+builds the cache, or by the first `store`). A block with no free slot evicts
+the least recently used leaf until one is free. A lookup or a store touches its path from the
 deepest block up, so a parent is always used at least as recently as each of its
 children and the oldest block is a leaf (eviction checks that anyway).
 
@@ -50,15 +55,10 @@ def kv_bytes_per_token(cache: KVCache) -> int:
 class _Block:
     tokens: tuple[int, ...]
     parent: _Block | None
-    keys: Tensor | None  # [layers, H_kv, block, D]; None at the root
-    values: Tensor | None  # [layers, H_kv, block, D]
+    slot: int  # its rows' place in the arena; -1 at the root
     depth: int  # blocks from the root (the root is 0)
     owner: int | None = None  # the request that stored it, until settled or shared
     children: dict[tuple[int, ...], _Block] = field(default_factory=dict)
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.keys is None else 2 * self.keys.numel() * self.keys.element_size()
 
 
 @dataclass(frozen=True)
@@ -79,9 +79,14 @@ class PrefixCache:
             raise ValueError(f"a prefix cache block must hold >= 1 token, got {block}")
         self.budget = budget_bytes
         self.block = block
-        self._root = _Block((), None, None, None, 0)
+        self._root = _Block((), None, -1, 0)
         self._lru: OrderedDict[int, _Block] = OrderedDict()  # id(block) -> block, least recently used first
-        self.bytes = 0
+        # The arena: [slots, layers, H_kv, block, D] keys and values, None until `reserve`.
+        self._keys: Tensor | None = None
+        self._values: Tensor | None = None
+        self._free: list[int] = []  # arena slots no block holds
+        self.block_bytes = 0  # one block's keys and values, once reserved
+        self.bytes = 0  # held by cached blocks (the arena itself is `reserved`)
         self.hits = 0  # lookups through `take` that found rows
         self.misses = 0  # lookups through `take` that found none
         self.saved_tokens = 0  # rows served instead of prefilled
@@ -89,6 +94,26 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._lru)
+
+    @property
+    def reserved(self) -> int:
+        """Bytes the arena holds (0 before `reserve`)."""
+        return 0 if self._keys is None else 2 * self._keys.numel() * self._keys.element_size()
+
+    def reserve(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device="cpu") -> None:
+        """Allocate the budget's whole blocks for rows of this geometry, zeroed so the memory is taken now.
+
+        Once: a second call (or a `store` after this one) must bring rows of
+        the same shape, which `store` checks.
+        """
+        if self._keys is not None:
+            return
+        shape = (layers, kv_heads, self.block, head_dim)
+        self.block_bytes = 2 * layers * kv_heads * self.block * head_dim * torch.empty((), dtype=dtype).element_size()
+        slots = self.budget // self.block_bytes
+        self._keys = torch.zeros((slots, *shape), dtype=dtype, device=device)
+        self._values = torch.zeros((slots, *shape), dtype=dtype, device=device)
+        self._free = list(range(slots - 1, -1, -1))  # popped from the end: slot 0 first
 
     def lookup(self, tokens: Sequence[int], limit: int) -> Match:
         """The longest cached start of `tokens`, at most `limit` tokens long."""
@@ -119,9 +144,8 @@ class PrefixCache:
         if match.length == 0:
             self.misses += 1
             return 0
-        keys = _joined([b.keys for b in match.blocks], match.length)
-        values = _joined([b.values for b in match.blocks], match.length)
-        cache.fill(row, keys, values)
+        slots = torch.tensor([b.slot for b in match.blocks], device=self._keys.device)
+        cache.fill(row, _joined(self._keys, slots, match.length), _joined(self._values, slots, match.length))
         for block in match.blocks:
             block.owner = None  # read by another request: shared now
         self._touch(match.blocks[-1])
@@ -132,9 +156,9 @@ class PrefixCache:
     def store(self, tokens: Sequence[int], cache: KVCache, row: int = 0, owner: int | None = None) -> int:
         """Keep the rows of `tokens`' whole blocks from cache row `row` (slot j holds token j); returns blocks added.
 
-        Blocks already cached are only touched; new ones are copied out and
-        carry `owner` until `settle`. Stops at the first block the budget
-        cannot hold.
+        Blocks already cached are only touched; new ones are copied into free
+        arena slots (the arena reserved here on the first store) and carry
+        `owner` until `settle`. Stops at the first block the budget cannot hold.
         """
         full = min(len(tokens), cache.lengths[row]) // self.block * self.block
         node, n = self._root, 0
@@ -148,17 +172,21 @@ class PrefixCache:
         added = 0
         if n < full:
             keys, values = cache.copy_rows(row, n, full)  # [layers, H_kv, full - n, D] each
+            layers, heads, _, dim = keys.shape
+            self.reserve(layers, heads, dim, keys.dtype, keys.device)
+            if self._keys.shape[1:] != (layers, heads, self.block, dim) or self._keys.dtype != keys.dtype:
+                raise ValueError(f"rows of {layers} layers x {heads} x {dim} {keys.dtype} do not fit an arena of "
+                                 f"{tuple(self._keys.shape[1:])} {self._keys.dtype}")
             for start in range(0, full - n, self.block):
-                block = _Block(
-                    tuple(tokens[n + start : n + start + self.block]), node,
-                    keys[:, :, start : start + self.block].clone(), values[:, :, start : start + self.block].clone(),
-                    node.depth + 1, owner,
-                )
-                if not self._make_room(block.nbytes, node):
+                if not self._make_room(node):
                     break
+                block = _Block(tuple(tokens[n + start : n + start + self.block]), node, self._free.pop(),
+                               node.depth + 1, owner)
+                self._keys[block.slot] = keys[:, :, start : start + self.block]
+                self._values[block.slot] = values[:, :, start : start + self.block]
                 node.children[block.tokens] = block
                 self._lru[id(block)] = block
-                self.bytes += block.nbytes
+                self.bytes += self.block_bytes
                 node, added = block, added + 1
         if node is not self._root:
             self._touch(node)
@@ -178,16 +206,16 @@ class PrefixCache:
             self._lru.move_to_end(id(block))
             block = block.parent
 
-    def _make_room(self, size: int, keep: _Block) -> bool:
-        """Evict least recently used leaves (never `keep` or its ancestors) until `size` more bytes fit."""
-        if size > self.budget:
+    def _make_room(self, keep: _Block) -> bool:
+        """Evict least recently used leaves (never `keep` or its ancestors) until an arena slot is free."""
+        if self._keys is None or not len(self._keys):
             return False
         protected = set()
         node = keep
         while node is not None:
             protected.add(id(node))
             node = node.parent
-        while self.bytes + size > self.budget:
+        while not self._free:
             victim = next((b for b in self._lru.values() if not b.children and id(b) not in protected), None)
             if victim is None:
                 return False
@@ -198,7 +226,8 @@ class PrefixCache:
     def _remove(self, block: _Block) -> None:
         del block.parent.children[block.tokens]
         del self._lru[id(block)]
-        self.bytes -= block.nbytes
+        self._free.append(block.slot)
+        self.bytes -= self.block_bytes
 
 
 def _common_start(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -210,6 +239,9 @@ def _common_start(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return n
 
 
-def _joined(parts: list[Tensor], length: int) -> Tensor:
-    """Blocks' rows [layers, H_kv, block, D] each, end to end and cut to `length` rows: [layers, H_kv, length, D]."""
-    return torch.cat(parts, dim=2)[:, :, :length]
+def _joined(arena: Tensor, slots: Tensor, length: int) -> Tensor:
+    """The rows of the blocks in arena slots `slots` (arena: [slots, layers, H_kv, block, D]), end to end and
+    cut to `length` rows: [layers, H_kv, length, D]."""
+    rows = arena[slots]  # [n, layers, H_kv, block, D]
+    n, layers, heads, block, dim = rows.shape
+    return rows.permute(1, 2, 0, 3, 4).reshape(layers, heads, n * block, dim)[:, :, :length]

@@ -150,6 +150,8 @@ class Scheduler:
         draft_bytes = getattr(self.proposer, "prefix_token_bytes", lambda: 0)()
         share = config.prefix_cache_bytes * target_bytes // (target_bytes + draft_bytes)
         target = PrefixCache(share, config.prefix_block)
+        keys = self.pool.keys[0]  # [B, H_kv, T, D]: the arena takes the whole budget now, not as it fills
+        target.reserve(len(self.pool.keys), keys.shape[1], keys.shape[3], keys.dtype, keys.device)
         if not draft_bytes:
             return target, None
         drafter = PrefixCache(config.prefix_cache_bytes - share, config.prefix_block)

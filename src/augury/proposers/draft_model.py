@@ -121,7 +121,10 @@ class DraftModelProposer(ProposerBase):
         return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.decoder.dtype.itemsize
 
     def use_prefix_cache(self, prefix: PrefixCache) -> None:
-        """Start sequences on the rows of earlier ones with the same start, and keep each finished one's rows."""
+        """Start sequences on the rows of earlier ones with the same start, and keep each finished one's rows
+        (the cache's arena reserved now, in this drafter's geometry)."""
+        c = self.decoder.config
+        prefix.reserve(c.num_layers, c.num_kv_heads, c.head_dim, self.decoder.dtype, self.decoder.device)
         self.prefix = prefix
 
     @property
