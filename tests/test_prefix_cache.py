@@ -382,6 +382,23 @@ def test_zero_disables_the_cache_and_a_negative_budget_is_refused(target):
         Scheduler(target, None, SchedulerConfig(prefix_cache_bytes=-1))
 
 
+def test_a_budget_the_free_memory_cannot_hold_is_refused_at_start(target, monkeypatch):
+    """The arena is taken at start, so a budget past the memory free now is a one-line error there, not an
+    out-of-memory kill; a budget that fits is taken whole."""
+    import augury.prefix_cache as prefix_cache
+
+    free = 3 * 10**6
+    monkeypatch.setattr(prefix_cache, "free_memory", lambda device: free)
+    with pytest.raises(AuguryError, match="does not fit the 0.00 GB of memory free") as error:
+        Scheduler(target, None, SchedulerConfig(prefix_cache_bytes=BUDGET))
+    assert "--prefix-cache-gb" in str(error.value) and "\n" not in str(error.value)
+    scheduler = Scheduler(target, None, SchedulerConfig(prefix_cache_bytes=free))
+    assert free - scheduler.prefix.block_bytes < scheduler.prefix.reserved <= free
+    assert prefix_cache.PrefixCache(BUDGET).reserved == 0  # nothing is taken before the geometry is known
+    monkeypatch.undo()
+    assert prefix_cache.free_memory(torch.device("cpu")) > 0  # this CPU's MemAvailable is read
+
+
 # -- through the HTTP API: a chat's second turn -------------------------------------------------------
 
 

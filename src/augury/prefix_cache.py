@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from augury.cache import KVCache
+from augury.errors import AuguryError
 
 DEFAULT_BLOCK = 16  # tokens per block: vLLM's default; a prompt's last partial block is prefilled again
 
@@ -104,13 +105,19 @@ class PrefixCache:
         """Allocate the budget's whole blocks for rows of this geometry, zeroed so the memory is taken now.
 
         Once: a second call (or a `store` after this one) must bring rows of
-        the same shape, which `store` checks.
+        the same shape, which `store` checks. A budget the device's free memory
+        cannot hold is a one-line error here, at start, rather than the
+        operating system's out-of-memory kill under load.
         """
         if self._keys is not None:
             return
         shape = (layers, kv_heads, self.block, head_dim)
         self.block_bytes = 2 * layers * kv_heads * self.block * head_dim * torch.empty((), dtype=dtype).element_size()
         slots = self.budget // self.block_bytes
+        free = free_memory(torch.device(device))
+        if free is not None and slots * self.block_bytes > free:
+            raise AuguryError(f"a prefix cache of {slots * self.block_bytes / 2**30:.2f} GB does not fit the "
+                              f"{free / 2**30:.2f} GB of memory free on {device} (lower --prefix-cache-gb)")
         self._keys = torch.zeros((slots, *shape), dtype=dtype, device=device)
         self._values = torch.zeros((slots, *shape), dtype=dtype, device=device)
         self._free = list(range(slots - 1, -1, -1))  # popped from the end: slot 0 first
@@ -228,6 +235,23 @@ class PrefixCache:
         del self._lru[id(block)]
         self._free.append(block.slot)
         self.bytes -= self.block_bytes
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes a new allocation may take on `device` now: a GPU's free memory, or a CPU's available memory
+    (/proc/meminfo's MemAvailable: free pages plus caches the kernel can drop); None where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def _common_start(a: tuple[int, ...], b: tuple[int, ...]) -> int:
