@@ -213,61 +213,6 @@ def test_a_probe_starts_a_drafter_only_where_its_catch_up_is_cheap(behind, start
     assert planner.probes == 1  # it was a probe in every case
 
 
-def test_surely_left_is_the_lower_quartile_of_how_much_longer_outputs_went_on():
-    from augury.step_costs import OutputLengths
-
-    lengths = OutputLengths()
-    assert lengths.surely_left(4, 124) == 124  # nothing finished yet
-    for n in (16, 20, 16, 128, 128):
-        lengths.observe(n)
-    # 4 tokens in, the outputs went on for 12, 12, 16, 124, 124 more: the mean promises 57.6, a quarter
-    # of them gave no more than 12
-    assert lengths.expected_left(4, 124) == pytest.approx(57.6) and lengths.surely_left(4, 124) == 12
-    assert lengths.surely_left(18, 124) == 2 and lengths.surely_left(30, 124) == 98
-    assert lengths.surely_left(30, 50) == 50 and lengths.surely_left(200, 124) == 124
-
-
-def test_a_probe_that_cannot_win_back_a_drafters_start_waits_for_a_longer_answer():
-    """Answers ran 16 or 128 tokens. A probe of a sequence alone 4 tokens in, whose drafter would take
-    a 60-token start (120 ms, four plain steps), is not spent on a plain step: it waits. Once the
-    sequence has run past the short answers (they then promise nothing), the waiting probe starts the
-    drafter."""
-    planner = Planner(4, batched=False, probe_every=1000, curve={1: 30.0, 5: 36.0})
-    planner.steps = planner.k_max + 1  # the warm-up is over
-    planner.probe_timer.next = planner.steps + 1  # the next step is due to probe
-    planner.costs.observe_catch_up(100, 0.2)  # 2 ms a token
-    planner.costs.observe_draft(1, 1, 0.03)  # a drafted token costs a plain step: the plan never drafts
-    for n in (16, 16, 16, 128, 128, 128):
-        planner.costs.lengths.observe(n)
-    request = _Alone(60)
-    request.seq.tokens += [7] * 4  # 4 tokens generated
-    assert planner.plan([request]) == [0] and planner.probes == 1 and planner.deferred == 4
-    request.seq.tokens += [7] * 14  # 18 generated: the short answers ended before this
-    assert planner.plan([request]) == [4] and planner.deferred is None, "the waiting probe never ran"
-    assert planner.probes == 1
-
-
-def test_a_probe_that_would_start_a_drafter_on_a_short_answer_waits_for_the_next_request():
-    """Every recent answer ran 16 tokens: no start of the drafter pays within one of them, so the probe
-    waits through the whole request (never started there), and runs at once on a sequence whose drafter
-    already runs."""
-    planner = Planner(4, batched=False, probe_every=1000, curve={1: 30.0, 5: 36.0})
-    planner.steps = planner.k_max + 1
-    planner.probe_timer.next = planner.steps + 1
-    planner.costs.observe_catch_up(100, 0.2)
-    planner.costs.observe_draft(1, 1, 0.03)
-    for _ in range(8):
-        planner.costs.lengths.observe(16)
-    request = _Alone(80)  # 160 ms: more than a quarter of a whole 16-token answer's plain time
-    for generated in range(0, 15):
-        request.seq.tokens = [1, 2, 3] + [7] * generated
-        assert planner.plan([request]) == [0], f"a probe started the drafter {generated} tokens in"
-    assert planner.deferred == 4
-    running = _Alone(0)
-    running.started = True
-    assert planner.plan([running]) == [4] and planner.deferred is None
-
-
 class _Drafted(_Alone):
     """A request whose drafter runs and has drafted: what `Planner.trim` and `observe_step` read too."""
 

@@ -141,9 +141,10 @@ class Planner:
     DRAFT_MARGIN = 0.15
     # Drafted tokens, server-wide, before the measured acceptance replaces the prior.
     TRUST_AFTER_DRAFTED = 32
-    # The most a probe may spend starting a drafter: this share of the plain time of the tokens the
-    # request surely has left (see _start_is_cheap).
-    PROBE_START_SHARE = 0.25
+    # The most a probe may spend starting a drafter: plain steps, or a share of the request's plain
+    # time left, whichever is more (see _start_is_cheap).
+    PROBE_START_STEPS = 4
+    PROBE_START_SHARE = 0.1
     # A step that feeds prompt pieces holds rows enough for this share of the forward's best rows per
     # second (step_rows), and at least MIN_PROMPT_PIECE prompt tokens; UNMEASURED_PIECE before any two
     # forwards of different sizes were measured.
@@ -186,7 +187,6 @@ class Planner:
         self.probes = 0
         self.planned_k = 0  # the K the cost model chose last (probes try its neighbours)
         self.probe_timer = ProbeTimer(probe_every)
-        self.deferred: int | None = None  # a probe's K held until a drafter's start is cheap (see plan)
 
     # -- what the steps measured ------------------------------------------------------------
 
@@ -329,17 +329,9 @@ class Planner:
             higher = [k for k in candidates if k > self.planned_k]
             neighbours = lower[-1:] + higher[:1]
             probe = neighbours[self.probes % len(neighbours)]
-        elif self.deferred is not None and alone:
-            probe, self.deferred = self.deferred, None
         if probe is not None:
             may_start = self.steps <= self.k_max + 1 or (alone and self._start_is_cheap(requests[0]))
-            if alone and probe and not may_start and not requests[0].started:
-                # A sequence alone whose drafter's start a probe cannot win back yet: the probe waits
-                # for a step where it can (the answer has run long enough, or the next request),
-                # rather than being spent on nothing; the plan decides this step.
-                self.deferred = probe
-            else:
-                return self._probe(requests, probe, caps, fixed, may_start=may_start)
+            return self._probe(requests, probe, caps, fixed, may_start=may_start)
         odds = self.tally.odds()
         ks = plan_step(
             self.costs, [odds.scaled(self._alpha(r) / max(self.alpha, 1e-3)) for r in requests], caps, fixed,
@@ -400,22 +392,19 @@ class Planner:
 
     def _start_is_cheap(self, request: Request) -> bool:
         """Whether a probe may start this sequence's drafter: its catch-up (a draft model's prefill of
-        the whole sequence) costs at most PROBE_START_SHARE of the plain time of the tokens the request
-        surely still generates (`OutputLengths.surely_left`: the lower quartile of how much longer the
-        recent outputs that ran this far went on), at the measured rates.
+        the whole sequence) costs at most PROBE_START_SHARE of the plain time of what the request is
+        expected to still generate (`_tokens_left`), or PROBE_START_STEPS plain steps, whichever is
+        more, at the measured rates.
 
-        A probe measures one step; a drafter started for it costs more than the probe can win back
-        on a long prompt, and on any prompt whose answer ends soon: a 16-token answer that paid
-        four plain steps for a 0.5B's start ran at 0.6x plain (docs/benchmarks.md 24). Such a probe
-        waits (`plan`) until the answer has run long enough to be likely to go on. Probes of shorter
-        prompts and longer answers still start drafters: without them a planner whose first drafts
-        were poor would never measure the drafter again (docs/benchmarks.md 9b). The plan itself
-        still starts a drafter where the catch-up, spread over the steps expected left, pays
+        A probe measures one step; on a long prompt, starting a model drafter for it costs more than
+        the probe can win back. Shorter prompts keep their probes: without them a planner whose first
+        drafts were poor would never measure the drafter again (docs/benchmarks.md 9b). The plan
+        itself still starts a drafter where the catch-up, spread over the steps left, pays
         (`plan_step`'s `behind`).
         """
         step = self.costs.target_time(1, 1)
-        left = self.costs.lengths.surely_left(len(request.seq.output), request.draft_cap() + 1)
-        return request.catch_up() * self.costs.catch_up_per_token <= self.PROBE_START_SHARE * step * left
+        allowed = max(self.PROBE_START_STEPS * step, self.PROBE_START_SHARE * step * self._tokens_left(request))
+        return request.catch_up() * self.costs.catch_up_per_token <= allowed
 
     @staticmethod
     def _probe(

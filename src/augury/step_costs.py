@@ -84,19 +84,6 @@ class OutputLengths:
         longer = [n - generated for n in self.recent if n > generated]
         return min(float(cap), statistics.fmean(longer)) if longer else float(cap)
 
-    def surely_left(self, generated: int, cap: int, share: float = 0.25) -> float:
-        """Tokens such a request still generates in all but `share` of the recent outputs that ran longer
-        than `generated` (their lower quantile), at most `cap`; `cap` when none ran that long.
-
-        The mean (`expected_left`) is what a plan spreads a catch-up over; this
-        is what a gamble on one request may count on. Where answers are short or
-        long (16-30 tokens against 128 on Spec-Bench), the mean promised a short
-        answer 80 more tokens, and a probe started a drafter it never won back
-        (docs/benchmarks.md 24).
-        """
-        longer = sorted(n - generated for n in self.recent if n > generated)
-        return min(float(cap), float(longer[int(share * (len(longer) - 1))])) if longer else float(cap)
-
 
 class StepCosts:
     """What a step costs: the batched target forward by (rows, block), and one drafting round
