@@ -146,9 +146,10 @@ def test_a_second_request_sharing_a_prefix_prefills_only_the_rest(target):
     for line in ('augury_prefix_cache_hits_total{model="target"} 1',
                  'augury_prefix_cache_misses_total{model="target"} 1',
                  'augury_prefix_cache_saved_tokens_total{model="target"} 32',
-                 f'augury_prefix_cache_bytes{{model="target"}} {scheduler.prefix.bytes}'):
+                 f'augury_prefix_cache_bytes{{model="target"}} {scheduler.prefix.bytes}',
+                 f'augury_prefix_cache_reserved_bytes{{model="target"}} {scheduler.prefix.reserved}'):
         assert line in text.splitlines(), f"{line!r} missing from /metrics"
-    assert scheduler.prefix.bytes > 0
+    assert 0 < scheduler.prefix.bytes < scheduler.prefix.reserved <= BUDGET
 
 
 # -- never another prefix's rows ----------------------------------------------------------------

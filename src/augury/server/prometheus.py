@@ -62,4 +62,6 @@ def render(scheduler: Scheduler, responses: Counter) -> str:
            [(labels, c.bytes) for labels, c in caches])
     metric("prefix_cache_budget_bytes", "gauge", "The prefix cache's budget in bytes.",
            [(labels, c.budget) for labels, c in caches])
+    metric("prefix_cache_reserved_bytes", "gauge", "Memory the prefix cache took at start (its budget's whole "
+           "blocks), held whether or not rows fill it.", [(labels, c.reserved) for labels, c in caches])
     return "\n".join(lines) + "\n"
