@@ -141,11 +141,12 @@ def test_a_second_request_sharing_a_prefix_prefills_only_the_rest(target):
         generate(scheduler, prompt, params)
         prefills.append(recording.widths[0])
     scheduler.stop()
-    assert prefills == [37, 38 - 32], "the second prompt should prefill only past its two cached blocks"
+    # two whole blocks and the first request's tail of 3 shared tokens (35 = 2 x 16 + 3)
+    assert prefills == [37, 38 - 35], "the second prompt should prefill only past the 35 tokens it shares"
     text = render(scheduler, Counter())
     for line in ('augury_prefix_cache_hits_total{model="target"} 1',
                  'augury_prefix_cache_misses_total{model="target"} 1',
-                 'augury_prefix_cache_saved_tokens_total{model="target"} 32',
+                 'augury_prefix_cache_saved_tokens_total{model="target"} 35',
                  f'augury_prefix_cache_bytes{{model="target"}} {scheduler.prefix.bytes}',
                  f'augury_prefix_cache_reserved_bytes{{model="target"}} {scheduler.prefix.reserved}'):
         assert line in text.splitlines(), f"{line!r} missing from /metrics"
@@ -177,14 +178,15 @@ def common(a: list[int], b: list[int]) -> int:
 
 def test_random_queries_get_exactly_their_own_prefixs_rows(target):
     """Over a 3-token vocabulary many stored sequences share starts; each query gets the longest start any
-    stored sequence's whole blocks share with it, and those rows are bitwise a fresh prefill's of the query."""
+    stored sequence shares with it (whole blocks and tails), and those rows are bitwise a fresh prefill's of
+    the query."""
     rng = random.Random(7)
     stored = [[rng.randrange(3) for _ in range(rng.randrange(5, 30))] for _ in range(8)]
     prefix = stored_cache(target, stored)
     for _ in range(60):
         query = rng.choice(stored)[: rng.randrange(1, 30)] + [rng.randrange(3) for _ in range(rng.randrange(0, 8))]
         limit = len(query) - 1
-        want = min(limit, max(min(common(query, s), len(s) // BLOCK * BLOCK) for s in stored))
+        want = min(limit, max(common(query, s) for s in stored))
         cache = target.decoder.new_cache(1, 64)
         got = prefix.take(query, limit, cache)
         assert got == want, f"served {got} rows for {query}, its longest cached start is {want}"
@@ -210,6 +212,26 @@ def test_a_prompt_that_differs_gets_only_the_rows_before_the_difference(where, t
     got = one_by_one(scheduler, [stored, query], params)
     assert scheduler.prefix.saved_tokens == position
     assert got[1].token_ids == Engine(target).generate(query, params).token_ids
+
+
+def test_rows_past_the_last_whole_block_are_kept_as_a_tail_until_a_block_holds_them(target):
+    """A sequence of 2 blocks and 3 tokens keeps all 11 rows (the tail bitwise a fresh prefill's); a query
+    sharing 10 of them reads 10; the same start stored again adds nothing; a longer sequence through the
+    tail replaces it with a whole block, and a shorter tail under that block is not stored."""
+    seq = tokens(2 * BLOCK + 3, seed=60)
+    prefix = PrefixCache(BUDGET, BLOCK)
+    assert prefix.store(seq, _cache_for(target, seq)) == 3 and len(prefix) == 3
+    cache = target.decoder.new_cache(1, 64)
+    assert prefix.take(seq + [0], len(seq), cache) == len(seq)
+    want = fresh_rows(target, seq)
+    assert torch.equal(cache.copy_rows(0, 0, len(seq))[0], want[0]) and torch.equal(cache.copy_rows(0, 0, len(seq))[1], want[1])
+    other = seq[:-1] + [(seq[-1] + 1) % VOCAB, 5]
+    assert prefix.take(other, len(other) - 1, target.decoder.new_cache(1, 64)) == len(seq) - 1
+    assert prefix.store(seq, _cache_for(target, seq)) == 0 and len(prefix) == 3
+    longer = seq + tokens(BLOCK, seed=61)
+    assert prefix.store(longer, _cache_for(target, longer)) == 2 and len(prefix) == 4, "the tail was not replaced"
+    assert prefix.lookup(longer, len(longer)).length == len(longer) and prefix.bytes == 4 * prefix.block_bytes
+    assert prefix.store(seq[:-1], _cache_for(target, seq[:-1])) == 0 and len(prefix) == 4
 
 
 # -- the budget: least recently used leaves go first ----------------------------------------------

@@ -11,7 +11,9 @@ sequences share a block only where every token before and in it is the same (no
 hash can collide). A lookup walks whole blocks from the root, then takes the
 longest common start of one child block: row i of a causal model depends on
 tokens 0..i only, so the first j rows of a block serve any sequence that shares
-its first j tokens. Only whole blocks are stored.
+its first j tokens. A sequence's rows past its last whole block are kept as a
+tail, a leaf block of fewer tokens (a whole block with the same start replaces
+it); the walk never descends into one, the partial match reads it.
 
 Memory has a budget in bytes, reserved at once in one arena of whole blocks
 (as vLLM reserves its block pool): the server's footprint is what it is at
@@ -161,13 +163,19 @@ class PrefixCache:
         return match.length
 
     def store(self, tokens: Sequence[int], cache: KVCache, row: int = 0, owner: int | None = None) -> int:
-        """Keep the rows of `tokens`' whole blocks from cache row `row` (slot j holds token j); returns blocks added.
+        """Keep the rows of `tokens` from cache row `row` (slot j holds token j); returns blocks added.
 
         Blocks already cached are only touched; new ones are copied into free
         arena slots (the arena reserved here on the first store) and carry
         `owner` until `settle`. Stops at the first block the budget cannot hold.
+        The rows past the last whole block are kept as a tail: a leaf of fewer
+        tokens, which a lookup's partial match reads like the start of a block,
+        and which a whole block holding the same rows replaces. So a chat's
+        next turn reads every row of the turn before, not all but up to 15
+        (a short turn's prefill is mostly those rows and its new question).
         """
-        full = min(len(tokens), cache.lengths[row]) // self.block * self.block
+        valid = min(len(tokens), cache.lengths[row])
+        full = valid // self.block * self.block
         node, n = self._root, 0
         while n < full:
             child = node.children.get(tuple(tokens[n : n + self.block]))
@@ -177,20 +185,24 @@ class PrefixCache:
                 child.owner = None  # another request brought it, or it is shared already
             node, n = child, n + self.block
         added = 0
-        if n < full:
-            keys, values = cache.copy_rows(row, n, full)  # [layers, H_kv, full - n, D] each
+        if n == full < valid and self._covered(node, tokens[full:valid]):
+            valid = full  # a longer block there holds this tail's rows already
+        if n < valid:
+            keys, values = cache.copy_rows(row, n, valid)  # [layers, H_kv, valid - n, D] each
             layers, heads, _, dim = keys.shape
             self.reserve(layers, heads, dim, keys.dtype, keys.device)
             if self._keys.shape[1:] != (layers, heads, self.block, dim) or self._keys.dtype != keys.dtype:
                 raise ValueError(f"rows of {layers} layers x {heads} x {dim} {keys.dtype} do not fit an arena of "
                                  f"{tuple(self._keys.shape[1:])} {self._keys.dtype}")
-            for start in range(0, full - n, self.block):
+            for start in range(0, valid - n, self.block):
                 if not self._make_room(node):
                     break
-                block = _Block(tuple(tokens[n + start : n + start + self.block]), node, self._free.pop(),
-                               node.depth + 1, owner)
-                self._keys[block.slot] = keys[:, :, start : start + self.block]
-                self._values[block.slot] = values[:, :, start : start + self.block]
+                piece = tuple(tokens[n + start : min(n + start + self.block, valid)])
+                block = _Block(piece, node, self._free.pop(), node.depth + 1, owner)
+                self._keys[block.slot, :, :, : len(piece)] = keys[:, :, start : start + len(piece)]
+                self._values[block.slot, :, :, : len(piece)] = values[:, :, start : start + len(piece)]
+                for key in [k for k in node.children if len(k) < len(piece) and piece[: len(k)] == k]:
+                    self._remove(node.children[key])  # a tail this block holds the rows of
                 node.children[block.tokens] = block
                 self._lru[id(block)] = block
                 self.bytes += self.block_bytes
@@ -198,6 +210,12 @@ class PrefixCache:
         if node is not self._root:
             self._touch(node)
         return added
+
+    @staticmethod
+    def _covered(node: _Block, tail: Sequence[int]) -> bool:
+        """Whether a child of `node` starts with `tail`'s tokens (so holds their rows)."""
+        tail = tuple(tail)
+        return any(key[: len(tail)] == tail for key in node.children)
 
     def settle(self, owner: int, keep: bool) -> None:
         """A request ended: keep its blocks as shared ones, or drop those that only it brought (deepest first)."""
