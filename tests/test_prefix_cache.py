@@ -223,8 +223,9 @@ def test_rows_past_the_last_whole_block_are_kept_as_a_tail_until_a_block_holds_t
     assert prefix.store(seq, _cache_for(target, seq)) == 3 and len(prefix) == 3
     cache = target.decoder.new_cache(1, 64)
     assert prefix.take(seq + [0], len(seq), cache) == len(seq)
-    want = fresh_rows(target, seq)
-    assert torch.equal(cache.copy_rows(0, 0, len(seq))[0], want[0]) and torch.equal(cache.copy_rows(0, 0, len(seq))[1], want[1])
+    keys, values = cache.copy_rows(0, 0, len(seq))
+    want_keys, want_values = fresh_rows(target, seq)
+    assert torch.equal(keys, want_keys) and torch.equal(values, want_values), "a tail's rows are not a prefill's"
     other = seq[:-1] + [(seq[-1] + 1) % VOCAB, 5]
     assert prefix.take(other, len(other) - 1, target.decoder.new_cache(1, 64)) == len(seq) - 1
     assert prefix.store(seq, _cache_for(target, seq)) == 0 and len(prefix) == 3

@@ -21,9 +21,10 @@ start and does not grow as the cache fills, and a block's rows are copied into
 a free slot rather than into a tensor of their own (no allocation per block).
 The arena is shaped by the first cache it serves (`reserve`, called by whoever
 builds the cache, or by the first `store`). A block with no free slot evicts
-the least recently used leaf until one is free. A lookup or a store touches its path from the
-deepest block up, so a parent is always used at least as recently as each of its
-children and the oldest block is a leaf (eviction checks that anyway).
+the least recently used leaf until one is free. A lookup or a store touches its
+path from the deepest block up, so a parent is always used at least as recently
+as each of its children and the oldest block is a leaf (eviction checks that
+anyway).
 
 Ownership: blocks a request stored carry its id until that request is settled
 (`settle`): kept, they become shared; dropped (the client went away, the request
@@ -45,7 +46,7 @@ from torch import Tensor
 from augury.cache import KVCache
 from augury.errors import AuguryError
 
-DEFAULT_BLOCK = 16  # tokens per block: vLLM's default; a prompt's last partial block is prefilled again
+DEFAULT_BLOCK = 16  # tokens per block: vLLM's default (a sequence's last partial block is kept as a tail)
 
 
 def kv_bytes_per_token(cache: KVCache) -> int:
@@ -114,7 +115,7 @@ class PrefixCache:
         if self._keys is not None:
             return
         shape = (layers, kv_heads, self.block, head_dim)
-        self.block_bytes = 2 * layers * kv_heads * self.block * head_dim * torch.empty((), dtype=dtype).element_size()
+        self.block_bytes = 2 * layers * kv_heads * self.block * head_dim * dtype.itemsize
         slots = self.budget // self.block_bytes
         free = free_memory(torch.device(device))
         if free is not None and slots * self.block_bytes > free:
