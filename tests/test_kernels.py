@@ -197,6 +197,27 @@ def test_two_threads_give_the_same_bits(ext):
     assert torch.equal(one, two)
 
 
+@pytest.mark.parametrize("threads", [3, 5])
+def test_threads_that_steal_tiles_give_every_tile_once_with_its_bits(ext, threads):
+    """Threads share a matmul's tiles in runs of at least 64 KB, each taking its own share's runs front
+    to back and then the others' from the back (TileQueue). Here 29 runs and more threads than this
+    machine's cores, so that preempted threads' runs are taken by the others: every column still
+    equals one thread's pass (a run handed to no thread leaves its columns unwritten, one handed out
+    badly writes another run's columns; a mutation that skipped a stolen run failed here)."""
+    parts = [("Q4_0", _blocks("Q4_0", 2048, 1024, 3)), ("Q6_K", _blocks("Q6_K", 1040, 1024, 4))]
+    x = _x(3, 1024)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _kernel(ext, x, parts, "auto")
+        torch.set_num_threads(threads)
+        many = [_kernel(ext, x, parts, "auto") for _ in range(4)]
+    finally:
+        torch.set_num_threads(before)
+    for got in many:
+        assert torch.equal(got, one)
+
+
 # --- GgufWeight and its fallback -----------------------------------------------------------------
 
 

@@ -5,7 +5,9 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -56,15 +58,26 @@ struct MatDesc {
   int64_t n_out = 0;  // output rows of the parts added so far
   std::vector<Tile> tiles;
   std::vector<int64_t> cost_end;  // bytes of tiles [0, i]
+  // The tiles cut into runs of at least kChunkBytes (the last may be shorter): what a thread takes at a
+  // time when the threads share the tiles by stealing (TileQueue). chunk_end[c]: the tile after run c.
+  static constexpr int64_t kChunkBytes = 64 * 1024;
+  std::vector<int64_t> chunk_end;
   void add(const uint8_t* d, int64_t kind, int64_t r) {
     const Layout L = layout(static_cast<int>(kind));
     const int64_t tile_bytes = n_in / L.group_k * L.group_bytes;
     for (int64_t t = 0; t < (r + 15) / 16; ++t) {
       tiles.push_back({static_cast<int>(kind), d + t * tile_bytes, n_out + 16 * t, std::min<int64_t>(16, r - 16 * t)});
       cost_end.push_back((cost_end.empty() ? 0 : cost_end.back()) + tile_bytes);
+      const int64_t n = static_cast<int64_t>(tiles.size());
+      if (chunk_end.empty() || chunk_bytes(static_cast<int64_t>(chunk_end.size()) - 1) >= kChunkBytes) chunk_end.push_back(n);
+      else chunk_end.back() = n;
     }
     n_out += r;
   }
+  int64_t chunk_start(int64_t c) const { return c == 0 ? 0 : chunk_end[c - 1]; }
+  // Bytes of tiles before the end of run c.
+  int64_t chunk_cost_end(int64_t c) const { return cost_end[chunk_end[c] - 1]; }
+  int64_t chunk_bytes(int64_t c) const { return chunk_cost_end(c) - (c == 0 ? 0 : chunk_cost_end(c - 1)); }
 };
 
 // float -> bfloat16 bits, rounded to nearest even as torch rounds, NaN -> a quiet NaN (every
@@ -81,27 +94,84 @@ inline void share(int64_t n, int64_t th, int64_t nt, int64_t& lo, int64_t& hi) {
   hi = n * (th + 1) / nt;
 }
 
-// Thread th's share of y[R, n_out] (row stride ldy, fp32 or bf16) = x @ W^T + bias for activation
-// rows already quantized into `a`: the tiles whose bytes end in its share of the matrix's bytes.
-// Each row's arithmetic is the body's, in a fixed order, whatever R and the thread count.
+// The tiles of one matmul, shared between nt threads by stealing. Thread th owns the runs of tiles
+// (MatDesc::chunk_end) that make up its equal share of the bytes and takes them front to back; once
+// its own are done it takes the others' from their back ends. Which thread runs a tile never changes
+// the tile's arithmetic, so the bits are a static split's; what changes is that a thread slowed by the
+// other (two cores share the memory bus unevenly) no longer holds it at the next barrier.
+class TileQueue {
+ public:
+  // Before the threads start (one thread): every thread's share of m's runs.
+  void reset(const MatDesc& m, int64_t nt) {
+    if (nt > cap_) {
+      words_.reset(new Word[nt]);
+      cap_ = nt;
+    }
+    nt_ = nt;
+    const int64_t n = static_cast<int64_t>(m.chunk_end.size());
+    const int64_t total = n ? m.chunk_cost_end(n - 1) : 0;
+    int64_t begin = 0;
+    for (int64_t th = 0; th < nt; ++th) {
+      int64_t end = n;
+      if (th < nt - 1) {  // the runs whose bytes end in the thread's share: upper bound of its last byte
+        const int64_t hi_cost = total * (th + 1) / nt;
+        int64_t lo = begin, hi = n;
+        while (lo < hi) {
+          const int64_t mid = (lo + hi) / 2;
+          if (m.chunk_cost_end(mid) <= hi_cost) lo = mid + 1;
+          else hi = mid;
+        }
+        end = lo;
+      }
+      words_[th].v.store(pack(begin, end), std::memory_order_relaxed);
+      begin = end;
+    }
+  }
+
+  // The next run thread th takes: its own from the front, else another's from the back; false when none is left.
+  bool next(int64_t th, int64_t& chunk) {
+    if (take(words_[th % nt_], true, chunk)) return true;
+    for (int64_t k = 1; k < nt_; ++k)
+      if (take(words_[(th + k) % nt_], false, chunk)) return true;
+    return false;
+  }
+
+ private:
+  struct alignas(64) Word { std::atomic<uint64_t> v{0}; };  // front | back << 32, in runs; a line each
+  static uint64_t pack(int64_t front, int64_t back) {
+    return static_cast<uint64_t>(front) | (static_cast<uint64_t>(back) << 32);
+  }
+  static bool take(Word& w, bool front, int64_t& chunk) {
+    uint64_t v = w.v.load(std::memory_order_acquire);
+    for (;;) {
+      const int64_t f = static_cast<int64_t>(v & 0xFFFFFFFFu), b = static_cast<int64_t>(v >> 32);
+      if (f >= b) return false;
+      const uint64_t next = front ? pack(f + 1, b) : pack(f, b - 1);
+      if (w.v.compare_exchange_weak(v, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        chunk = front ? f : b - 1;
+        return true;
+      }
+    }
+  }
+  std::unique_ptr<Word[]> words_;
+  int64_t cap_ = 0, nt_ = 1;
+};
+
+// Thread th's part of y[R, n_out] (row stride ldy, fp32 or bf16) = x @ W^T + bias for activation rows
+// already quantized into `a`: the runs of tiles `queue` (reset for m and the thread count) hands it.
+// Each row's arithmetic is the body's, in a fixed order, whatever R, the thread count and the split.
 template <typename Rows, typename TileFn>
 void matmul_share(const Rows& a, int64_t R, const MatDesc& m, const float* bias, void* y, bool bf16_out,
-                  int64_t ldy, TileFn (*tile_fn)(int), int64_t th, int64_t nt) {
-  const int64_t n_tiles = static_cast<int64_t>(m.tiles.size());
-  nt = std::min(nt, n_tiles);
-  if (th >= nt || n_tiles == 0) return;
-  const int64_t total = m.cost_end.back();
-  int64_t lo_cost, hi_cost;
-  share(total, th, nt, lo_cost, hi_cost);
-  const int64_t first = std::upper_bound(m.cost_end.begin(), m.cost_end.end(), lo_cost) - m.cost_end.begin();
-  const int64_t last = th == nt - 1 ? n_tiles
-                                    : std::upper_bound(m.cost_end.begin(), m.cost_end.end(), hi_cost) - m.cost_end.begin();
+                  int64_t ldy, TileFn (*tile_fn)(int), int64_t th, TileQueue& queue) {
   char* ybase = static_cast<char*>(y);
   const int64_t esize = bf16_out ? 2 : 4;
-  for (int64_t i = first; i < last; ++i) {
-    const MatDesc::Tile& t = m.tiles[i];
-    const int64_t groups = m.n_in / layout(t.kind).group_k;
-    tile_fn(t.kind)(t.base, groups, a, R, t.n_cols, bias ? bias + t.col : nullptr, ybase + t.col * esize, bf16_out, ldy);
+  int64_t c;
+  while (queue.next(th, c)) {
+    for (int64_t i = m.chunk_start(c); i < m.chunk_end[c]; ++i) {
+      const MatDesc::Tile& t = m.tiles[i];
+      const int64_t groups = m.n_in / layout(t.kind).group_k;
+      tile_fn(t.kind)(t.base, groups, a, R, t.n_cols, bias ? bias + t.col : nullptr, ybase + t.col * esize, bf16_out, ldy);
+    }
   }
 }
 

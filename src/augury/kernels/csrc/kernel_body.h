@@ -319,16 +319,19 @@ static TileFn tile_fn(int kind) {
 
 // y[R, n_out] (row stride ldy, fp32 or bf16) = x[R, n_in] @ W^T + bias, on its own (the `linear`
 // entry point; the native layer runs matmul_share inside its one parallel region instead): the
-// activation rows are quantized once, then threads take equal shares of the weight bytes.
+// activation rows are quantized once, then threads share the weight bytes (TileQueue).
 static void matmul(const float* x, int64_t R, const MatDesc& m, const float* bias, void* y, bool bf16_out, int64_t ldy) {
   static thread_local QuantBuffers q;
+  static thread_local TileQueue caller_queue;
+  TileQueue& queue = caller_queue;  // the caller's: a thread_local named inside the lambda would be each worker's own
   q.reserve(R, m.n_in);
   for (int64_t r = 0; r < R; ++r)
     for (int64_t b = 0; b < m.n_in / 32; ++b) q.quantize(m.n_in, x + r * m.n_in + 32 * b, r, b);
   const Rows a = q.rows(m.n_in);
-  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(m.tiles.size())));
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(m.chunk_end.size())));
+  queue.reset(m, nt);
   at::parallel_for(0, nt, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t th = begin; th < end; ++th) matmul_share(a, R, m, bias, y, bf16_out, ldy, tile_fn, th, nt);
+    for (int64_t th = begin; th < end; ++th) matmul_share(a, R, m, bias, y, bf16_out, ldy, tile_fn, th, queue);
   });
 }
 

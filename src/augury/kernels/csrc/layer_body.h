@@ -300,6 +300,7 @@ inline v16 act_times_up(v16 g, v16 up, bool gelu) {
 struct Scratch {
   std::vector<float> h, qkv, attn, proj, gu;
   body::QuantBuffers quant;
+  TileQueue qkv_tiles, wo_tiles, gate_up_tiles, down_tiles;  // each matmul's tiles, shared by stealing
 };
 
 inline Scratch& scratch() {
@@ -324,8 +325,8 @@ inline void forward_part(const LayerDesc& L, const LayerIO& io, Scratch& s, int6
   auto quantize_row = [&](const float* x, int64_t n, int64_t r) {
     for (int64_t b = 0; b < n / 32; ++b) s.quant.quantize(n, x + r * n + 32 * b, r, b);
   };
-  auto matmul = [&](const MatDesc& m, const float* bias, float* y, int64_t ldy) {
-    matmul_share(s.quant.rows(m.n_in), R, m, bias, y, false, ldy, body::tile_fn, th, nt);
+  auto matmul = [&](const MatDesc& m, TileQueue& tiles, const float* bias, float* y, int64_t ldy) {
+    matmul_share(s.quant.rows(m.n_in), R, m, bias, y, false, ldy, body::tile_fn, th, tiles);
   };
 
   // Attention: norm, qkv (+ bias), q/k norms, RoPE, cache write, each row over its keys, output.
@@ -334,7 +335,7 @@ inline void forward_part(const LayerDesc& L, const LayerIO& io, Scratch& s, int6
     quantize_row(s.h.data(), H, r);
   });
   barrier();
-  matmul(L.qkv, L.bqkv, s.qkv.data(), n_qkv);
+  matmul(L.qkv, s.qkv_tiles, L.bqkv, s.qkv.data(), n_qkv);
   barrier();
   const int64_t heads = L.n_heads + L.n_kv;  // q heads, then k heads
   share(R * heads, th, nt, lo, hi);
@@ -366,7 +367,7 @@ inline void forward_part(const LayerDesc& L, const LayerIO& io, Scratch& s, int6
     s.quant.quantize(n_q, s.attn.data() + r * n_q + 32 * b, r, b);
   }
   barrier();
-  matmul(L.wo, nullptr, s.proj.data(), H);
+  matmul(L.wo, s.wo_tiles, nullptr, s.proj.data(), H);
   barrier();
 
   // MLP: (post norm), residual, norm, gate/up, act(gate) * up, down, (post norm), residual.
@@ -378,7 +379,7 @@ inline void forward_part(const LayerDesc& L, const LayerIO& io, Scratch& s, int6
     quantize_row(s.h.data(), H, r);
   });
   barrier();
-  matmul(L.gate_up, nullptr, s.gu.data(), 2 * I);
+  matmul(L.gate_up, s.gate_up_tiles, nullptr, s.gu.data(), 2 * I);
   barrier();
   share(R * (I / 32), th, nt, lo, hi);
   for (int64_t i = lo; i < hi; ++i) {
@@ -390,7 +391,7 @@ inline void forward_part(const LayerDesc& L, const LayerIO& io, Scratch& s, int6
     s.quant.quantize(I, act, r, b);
   }
   barrier();
-  matmul(L.down, nullptr, s.proj.data(), H);
+  matmul(L.down, s.down_tiles, nullptr, s.proj.data(), H);
   barrier();
   rows([&](int64_t r) {
     float* p = s.proj.data() + r * H;
@@ -412,6 +413,10 @@ inline void forward(const LayerDesc& L, const LayerIO& io) {
   s.gu.resize(R * 2 * I);
   s.quant.reserve(R, std::max({H, n_q, I}));  // grown here, before the threads share it
   const int nt = std::max(1, at::get_num_threads());
+  s.qkv_tiles.reset(L.qkv, nt);  // a team smaller than nt leaves shares with no owner: the others steal them
+  s.wo_tiles.reset(L.wo, nt);
+  s.gate_up_tiles.reset(L.gate_up, nt);
+  s.down_tiles.reset(L.down, nt);
 #pragma omp parallel num_threads(nt)
   forward_part(L, io, s, omp_get_thread_num(), omp_get_num_threads());
 }
