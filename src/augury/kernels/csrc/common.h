@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <memory>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -114,7 +114,8 @@ class TileQueue {
     for (int64_t th = 0; th < nt; ++th) {
       int64_t end = n;
       if (th < nt - 1) {  // the runs whose bytes end in the thread's share: upper bound of its last byte
-        const int64_t hi_cost = total * (th + 1) / nt;
+        int64_t lo_cost, hi_cost;
+        share(total, th, nt, lo_cost, hi_cost);
         int64_t lo = begin, hi = n;
         while (lo < hi) {
           const int64_t mid = (lo + hi) / 2;
