@@ -37,6 +37,16 @@ def test_the_extension_builds_wherever_a_compiler_is_present():
     assert "portable" in module.available_isas()  # every CPU runs the plain C++ body
 
 
+def test_one_build_serves_every_cpu_of_an_architecture(monkeypatch):
+    """The library picks its instruction set when it runs, so its cache key leaves the CPU's flag list
+    out (a VM whose list changed rebuilt for a minute) and keeps the architecture in."""
+    key = ext_module.build_key()
+    monkeypatch.setattr(ext_module, "_cpu_flags", lambda: "fpu sse2 avx512f a-list-from-another-host")
+    assert ext_module.build_key() == key
+    monkeypatch.setattr(ext_module.platform, "machine", lambda: "riscv64")
+    assert ext_module.build_key() != key
+
+
 def _isas() -> list[str]:
     module = ext_module.extension()
     return module.available_isas() if module is not None else []

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from augury.errors import AuguryError
 from augury.models.loader import load_model
+from augury.proposers.draft_model import check_same_vocabulary
 from tests.gguf_files import cli_home, write_hf_as_gguf
 from tests.tiny import hf_model
 
@@ -114,3 +117,38 @@ def test_cli_reports_bad_models_in_one_line(args, message, llama, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_model_whose_tokenizer_file_is_the_targets_shares_its_parsed_tokenizer(llama, tmp_path, monkeypatch):
+    """A drafter of the target's family reuses the target's parsed tokenizer (its own meta kept);
+    a tokenizer.json with other bytes is parsed on its own."""
+    monkeypatch.setenv("AUGURY_HOME", str(tmp_path / "home"))
+    paths = [write_llama_gguf(tmp_path / f"{name}.gguf", llama) for name in ("target", "draft", "other")]
+    for path in paths:  # the first load converts; the shared tokenizer comes from the cache's files
+        load_model(str(path), dtype="fp32", weights="bf16", progress=False)
+    folders = {p.name.split(".gguf-")[0]: p for p in (tmp_path / "home" / "converted").iterdir()}
+    meta = folders["draft"] / "augury_tokenizer.json"
+    meta.write_text(meta.read_text().replace('"chat_template": null', '"chat_template": "{{ messages }}"'))
+    tokenizer_json = folders["other"] / "tokenizer.json"
+    tokenizer_json.write_text(tokenizer_json.read_text() + "\n")  # the same tokenizer in other bytes
+
+    def load(name, share=None):
+        return load_model(str(tmp_path / f"{name}.gguf"), dtype="fp32", weights="bf16", progress=False,
+                          share_tokenizer=share)
+
+    target = load("target")
+    draft, other, alone = load("draft", target.tokenizer), load("other", target.tokenizer), load("draft")
+    assert draft.tokenizer.backend is target.tokenizer.backend
+    assert draft.tokenizer.plain_backend is target.tokenizer.plain_backend
+    assert draft.tokenizer.meta.chat_template == "{{ messages }}" != target.tokenizer.meta.chat_template
+    assert other.tokenizer.backend is not target.tokenizer.backend
+    assert alone.tokenizer.backend is not target.tokenizer.backend
+    text = "the <s> quick brown fox"
+    for special in (True, False):
+        ids = target.tokenizer.encode(text, special=special)
+        assert draft.tokenizer.encode(text, special=special) == ids == other.tokenizer.encode(text, special=special)
+    check_same_vocabulary(target, draft)  # one tokenizer: accepted
+    small = SimpleNamespace(name="small", tokenizer=draft.tokenizer,
+                            config=replace(draft.config, vocab_size=draft.config.vocab_size - 1))
+    with pytest.raises(AuguryError, match="past its vocabulary"):  # a head short of a named id, shared or not
+        check_same_vocabulary(target, small)

@@ -74,13 +74,18 @@ def has_matrix_unit() -> bool:
 
 
 def build_key() -> str:
-    """Hash of what the built library depends on: sources, torch version, CPU flags, Python version."""
+    """Hash of what the built library depends on: sources, torch version, Python version, architecture.
+
+    Not the CPU's flags: the library is built without -march and picks its instruction set when it
+    runs (gguf_matmul.cpp), so one build serves every CPU of an architecture, and a VM whose flag list
+    changes under it (a new host, microcode) does not wait a minute for a rebuild.
+    """
     import torch
 
     h = hashlib.sha256()
     for name in SOURCES:
         h.update((_csrc() / name).read_bytes())
-    h.update(f"{torch.__version__}|{sys.version_info[:2]}|{_cpu_flags()}".encode())
+    h.update(f"{torch.__version__}|{sys.version_info[:2]}|{platform.machine()}".encode())
     return h.hexdigest()[:16]
 
 

@@ -278,7 +278,8 @@ def _load_native(folder: Path, dtype: torch.dtype) -> dict | None:
     return flat
 
 
-def _load_native_flat(source: Path, cached: Path | None, dtype: torch.dtype, progress: bool):
+def _load_native_flat(source: Path, cached: Path | None, dtype: torch.dtype, progress: bool,
+                      share_tokenizer: Tokenizer | None = None):
     """(config, tokenizer, flat) for weights="gguf": from the cache if there, else read from the file."""
     from augury.kernels.extension import extension
     from augury.models import gguf
@@ -287,7 +288,7 @@ def _load_native_flat(source: Path, cached: Path | None, dtype: torch.dtype, pro
         flat = _load_native(cached, dtype)
         if flat is not None:
             config = ModelConfig(**json.loads((cached / "config.json").read_text()))
-            return config, Tokenizer.load(cached), flat
+            return config, Tokenizer.load(cached, share=share_tokenizer), flat
     reader = gguf.open_gguf(source)
     config = gguf.read_config(reader, source)
     tokenizer = gguf.read_tokenizer(source)
@@ -339,6 +340,7 @@ def load_model(
     use_cache: bool = True,
     progress: bool = True,
     weights: str | None = None,
+    share_tokenizer: Tokenizer | None = None,
 ) -> Model:
     """Load a known model name (pulled on first use), a .gguf file or a Hugging Face folder.
 
@@ -350,6 +352,8 @@ def load_model(
     weights: "gguf" multiplies a GGUF file's own blocks (augury.kernels; about
     the file's size in memory), "bf16" dequantizes them to `dtype`; unset picks
     "gguf" for a .gguf file on CPU in bf16 or fp32 where the kernel runs (`resolve_weights`).
+    share_tokenizer: reuse this tokenizer where the model's cached tokenizer files are byte-identical
+    to the ones it was loaded from (`Tokenizer.load`'s share: a drafter of the target's family).
     """
     from augury.models.store import augury_home, resolve
 
@@ -358,13 +362,13 @@ def load_model(
     source = resolve(name_or_path, offline=offline)
     cached = _cache_dir(source, augury_home()) if use_cache else None
     if resolve_weights(weights, source, torch_dtype, torch_device) == "gguf":
-        config, tokenizer, flat = _load_native_flat(source, cached, torch_dtype, progress)
+        config, tokenizer, flat = _load_native_flat(source, cached, torch_dtype, progress, share_tokenizer)
         decoder = _native_model(config, flat, torch_dtype, torch_device, cached, exact)
         return Model(name=name_or_path, decoder=decoder, tokenizer=tokenizer, source=source)
     weights_file = cached / f"weights-{_dtype_name(torch_dtype)}.safetensors" if cached else None
     if weights_file is not None and weights_file.exists():
         config = ModelConfig(**json.loads((cached / "config.json").read_text()))
-        tokenizer = Tokenizer.load(cached)
+        tokenizer = Tokenizer.load(cached, share=share_tokenizer)
         flat = read_tensors(weights_file)
     else:
         config, tokenizer, flat = _convert(source, torch_dtype, progress)

@@ -8,6 +8,7 @@ is fast and serializable, so a converted tokenizer is cached as one JSON file.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 import secrets
@@ -58,9 +59,13 @@ class TokenizerMeta:
 class Tokenizer:
     """Text <-> token ids, with the model's special tokens and chat template."""
 
-    def __init__(self, backend: HFTokenizer, meta: TokenizerMeta) -> None:
+    def __init__(self, backend: HFTokenizer, meta: TokenizerMeta, *, backend_digest: str | None = None,
+                 plain_backend: HFTokenizer | None = None) -> None:
         self.backend = backend
         self.meta = meta
+        # sha256 of the tokenizer.json `load` parsed (None when built in memory): a model whose file
+        # hashes alike shares these backends instead of parsing its own (`load`'s `share`).
+        self.backend_digest = backend_digest
         self.vocab_size = backend.get_vocab_size()
         self.bos_id = backend.token_to_id(meta.bos_token) if meta.bos_token else None
         eos = set(meta.extra_eos_ids)
@@ -74,15 +79,26 @@ class Tokenizer:
         self.special_texts: tuple[str, ...] = tuple(sorted(specials, key=len, reverse=True))  # longest first
         # A twin that reads special-token text as plain text (its flag is per object, so
         # the twin keeps one tokenizer safe to use from several threads).
-        self.plain_backend = HFTokenizer.from_str(backend.to_str())
-        self.plain_backend.encode_special_tokens = True
+        if plain_backend is None:
+            plain_backend = HFTokenizer.from_str(backend.to_str())
+            plain_backend.encode_special_tokens = True
+        self.plain_backend = plain_backend
 
     @classmethod
-    def load(cls, folder: Path) -> "Tokenizer":
-        """Load tokenizer.json + augury_tokenizer.json written by `save`."""
-        backend = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+    def load(cls, folder: Path, share: "Tokenizer | None" = None) -> "Tokenizer":
+        """Load tokenizer.json + augury_tokenizer.json written by `save`.
+
+        share: a tokenizer whose backends to reuse where it was parsed from a tokenizer.json with the
+        same bytes (a drafter of the target's family; each keeps its own meta, chat template
+        included): parsing a 150k-token vocabulary and its plain-text twin takes over a second on a
+        small CPU, and the drafter's vocabulary check is then trivial.
+        """
+        data = (folder / "tokenizer.json").read_bytes()
         meta = TokenizerMeta.from_json((folder / "augury_tokenizer.json").read_text())
-        return cls(backend, meta)
+        digest = hashlib.sha256(data).hexdigest()
+        if share is not None and share.backend_digest == digest:
+            return cls(share.backend, meta, backend_digest=digest, plain_backend=share.plain_backend)
+        return cls(HFTokenizer.from_str(data.decode()), meta, backend_digest=digest)
 
     def save(self, folder: Path) -> None:
         self.backend.save(str(folder / "tokenizer.json"))

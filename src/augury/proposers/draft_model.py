@@ -69,7 +69,10 @@ def check_same_vocabulary(target: Model, draft: Model) -> None:
     between sizes) and names past both heads are no obstacle.
     """
     t_tokens = {i: tok for tok, i in target.tokenizer.vocab.items()}
-    d_tokens = {i: tok for tok, i in draft.tokenizer.vocab.items()}
+    # one backend shared (`load_model`'s share_tokenizer: the same tokenizer.json) names every id alike
+    backend = getattr(target.tokenizer, "backend", None)
+    shared = backend is not None and backend is getattr(draft.tokenizer, "backend", None)
+    d_tokens = t_tokens if shared else {i: tok for tok, i in draft.tokenizer.vocab.items()}
     emits = draft.config.vocab_size
     ids = {i for i in d_tokens if i < emits} | {i for i in t_tokens if i < target.config.vocab_size}
     bad = next((i for i in sorted(ids) if i >= emits or t_tokens.get(i) != d_tokens.get(i)), None)
@@ -345,7 +348,8 @@ def build(target: Model, options) -> DraftModelProposer:
 
     if not options.draft:
         raise AuguryError("draft method 'model' needs --draft NAME_OR_PATH")
-    draft = load_model(options.draft, dtype=options.dtype, device=options.device, offline=options.offline)
+    draft = load_model(options.draft, dtype=options.dtype, device=options.device, offline=options.offline,
+                       share_tokenizer=target.tokenizer)
     check_same_vocabulary(target, draft)
     if options.draft_skip_layers is not None:
         from augury.proposers.skipped_layers import layer_skip_model, parse_skip_layers
