@@ -352,8 +352,9 @@ def load_model(
     weights: "gguf" multiplies a GGUF file's own blocks (augury.kernels; about
     the file's size in memory), "bf16" dequantizes them to `dtype`; unset picks
     "gguf" for a .gguf file on CPU in bf16 or fp32 where the kernel runs (`resolve_weights`).
-    share_tokenizer: reuse this tokenizer where the model's cached tokenizer files are byte-identical
-    to the ones it was loaded from (`Tokenizer.load`'s share: a drafter of the target's family).
+    share_tokenizer: reuse this tokenizer's parsed backends where the model's cached tokenizer.json is
+    byte-identical to the one they were parsed from (`Tokenizer.load`'s share: a drafter of the
+    target's family; its own meta is kept).
     """
     from augury.models.store import augury_home, resolve
 
