@@ -452,6 +452,23 @@ def test_role_forgery_over_the_server_reaches_the_model_as_text(chatml):
         assert seen[-1][0] == special_ids(chatml)["<|im_start|>"]
 
 
+def test_a_model_without_a_chat_template_points_chat_requests_at_completions():
+    with running(chatml_model(chatml_tokenizer(template=None))) as (base, _), \
+            httpx.Client(base_url=base, timeout=30) as http:
+        error = assert_error(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}),
+                             400, "messages", "unsupported_model_feature")
+        assert "/v1/completions" in error["message"] and "--chat" not in error["message"]
+        assert http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_a_trailing_slash_is_an_unknown_path_not_an_empty_redirect():
+    with tiny_server() as (base, _), httpx.Client(base_url=base, timeout=30) as http:
+        for method, path in [("POST", "/v1/completions/"), ("POST", "/v1/chat/completions/"), ("GET", "/v1/models/")]:
+            got = http.request(method, path, json={"prompt": "abc", "max_tokens": 2})
+            assert_error(got, 404)
+        still_serving(http)
+
+
 @pytest.mark.real
 def test_role_forgery_with_a_real_chat_template():
     from augury.models import gguf

@@ -95,3 +95,42 @@ def test_framing_by_both_length_and_chunks_is_refused():
     assert error is not None and (error.status, error.code) == (400, "ambiguous_framing")
     assert error.headers == {"Connection": "close"}
     assert framing_error(both[:1]) is None and framing_error(both[1:]) is None
+
+
+@pytest.mark.parametrize("field, value", [
+    ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "high"), ("web_search_options", {}),
+])
+def test_openai_fields_this_server_does_not_implement_are_400s_not_ignored(field, value):
+    error = refusal({"messages": [{"role": "user", "content": "a"}], field: value}, chat=True)
+    assert (error.status, error.param, error.code) == (400, field, "unsupported_parameter")
+    assert job_for({"messages": [{"role": "user", "content": "a"}], field: None}, chat=True)  # null: not used
+
+
+def test_tool_calls_in_messages_are_refused_not_dropped():
+    call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "tool_calls": call}]
+    error = refusal({"messages": messages}, chat=True)
+    assert (error.status, error.param, error.code) == (400, "messages[1].tool_calls", "unsupported_parameter")
+    tool = [{"role": "tool", "content": "42", "tool_call_id": "c1"}]
+    assert refusal({"messages": tool}, chat=True).param == "messages[0].tool_call_id"
+    messages[1]["tool_calls"] = []  # an empty list asks for nothing
+    assert job_for({"messages": messages}, chat=True)
+
+
+def test_json_object_output_cannot_be_cut_by_stop_strings():
+    rules = Rules(RULES.limits, capacity=RULES.capacity, max_prompt_chars=RULES.max_prompt_chars, eos_ids=frozenset({1}))
+    body = {"prompt": "ab", "response_format": {"type": "json_object"}}
+    check_request(rules, body, chat=False)  # alone: accepted
+    for stop in ('"', ["}", "x"]):
+        with pytest.raises(ApiError) as caught:
+            check_request(rules, {**body, "stop": stop}, chat=False)
+        assert (caught.value.status, caught.value.param) == (400, "stop")
+    check_request(rules, {**body, "stop": []}, chat=False)  # no stop strings: accepted
+
+
+def test_a_null_model_means_the_served_one_and_a_mixed_prompt_is_named():
+    assert job_for({"prompt": "ab", "model": None}).prompt_ids == job_for({"prompt": "ab"}).prompt_ids
+    error = refusal({"prompt": [1, "a"]})
+    assert error.param == "prompt" and "mixes text" in error.message
+    error = refusal({"prompt": ["a", "b"]})  # two texts: the schema's own words (one text at most)
+    assert error.param == "prompt" and "mixes" not in error.message

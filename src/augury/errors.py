@@ -9,3 +9,7 @@ bug and keeps its traceback.
 
 class AuguryError(Exception):
     """A problem with the user's input or environment, explained in one line."""
+
+
+class NoChatTemplateError(AuguryError):
+    """Chat messages for a model whose files carry no chat template (each front end says what to do instead)."""

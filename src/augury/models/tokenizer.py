@@ -22,7 +22,7 @@ import jinja2.ext
 import jinja2.sandbox
 from tokenizers import Tokenizer as HFTokenizer
 
-from augury.errors import AuguryError
+from augury.errors import AuguryError, NoChatTemplateError
 
 # Tokens that end a turn in common chat formats. A GGUF names one eos id, but
 # instruct models also emit these; llama.cpp treats them as end-of-generation
@@ -134,7 +134,7 @@ class Tokenizer:
         tools: JSON schemas of callable tools, for templates with a tool block.
         """
         if not self.meta.chat_template:
-            raise AuguryError("this model has no chat template; run without --chat and give a plain prompt")
+            raise NoChatTemplateError("this model has no chat template; run without --chat and give a plain prompt")
         return _compiled(self.meta.chat_template).render(
             messages=messages,
             tools=tools,

@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import Receive
 
-from augury.errors import AuguryError
+from augury.errors import AuguryError, NoChatTemplateError
 from augury.models.loader import Model
 from augury.scheduler import Admitted, Event, Failed, Finished, QueueFull, Scheduler, TextDelta, Ticket
 from augury.server.guard import Guard, error_response
@@ -140,6 +140,9 @@ async def parse_job(state: ServerState, body: Any, chat: bool) -> Job:
     loop = asyncio.get_running_loop()
     try:
         ids = await loop.run_in_executor(state.tokenize_pool, tokenize, state.target.tokenizer, prompt)
+    except NoChatTemplateError:  # its own words name the CLI's flag
+        raise ApiError(400, "this model has no chat template: send a plain prompt to /v1/completions instead",
+                       param="messages", code="unsupported_model_feature") from None
     except AuguryError as exc:
         raise ApiError(400, str(exc), param="messages" if chat else "prompt") from None
     constraint = await state.json_constraint() if wants_json(body) else None
@@ -355,5 +358,8 @@ def create_app(target: Model, scheduler: Scheduler, config: ServerConfig) -> Sta
     handlers: dict[Any, Callable] = {ApiError: _on_api_error, HTTPException: _on_http_exception, Exception: _on_crash}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan,
                     middleware=[Middleware(Guard, state=state)])
+    # A path with a trailing slash is a 404 like any unknown path: Starlette's default 307 to the path without
+    # it has an empty body, which a client that does not follow redirects reads as an empty answer.
+    app.router.redirect_slashes = False
     app.state.augury = state
     return app

@@ -183,7 +183,7 @@ def check_features(body: dict, chat: bool, eos_ids: frozenset[int]) -> None:
         if not eos_ids:
             raise ApiError(400, "response_format json_object needs a model with an end-of-sequence token; "
                            "this one has none", param="response_format", code="unsupported_parameter")
-        for name in ("ignore_eos", "min_tokens"):
+        for name in ("ignore_eos", "min_tokens", "stop"):
             if body.get(name):
                 raise ApiError(400, f"'{name}' cannot be combined with response_format json_object: the object "
                                "ends with the end-of-sequence token", param=name, code="unsupported_parameter")
@@ -216,6 +216,11 @@ def check_request(rules: Rules, body: Any, chat: bool) -> Prompt:
                            param="model", code="model_not_found")
         check_unsupported(body)
     _check_length_before_schema(rules, body, chat)
+    if not chat and isinstance(body, dict) and isinstance(body.get("prompt"), list):  # its length is bounded now
+        kinds = {type(p) for p in body["prompt"]}
+        if str in kinds and len(kinds) > 1:
+            raise ApiError(400, "'prompt' mixes text with other items: give a text, a list holding one text, or a "
+                           "list of token ids", param="prompt")
     validate(body, chat_schema(rules.limits) if chat else completion_schema(rules.limits))
     check_features(body, chat, rules.eos_ids)
     prompt = _prompt(body, chat)

@@ -68,7 +68,8 @@ class Limits:
 def sampling_properties(limits: Limits) -> dict[str, dict]:
     """Parameters shared by /v1/completions and /v1/chat/completions."""
     return {
-        "model": {"type": "string", "enum": [limits.model], "description": "the served model (see /v1/models)"},
+        "model": {"type": ["string", "null"], "enum": [limits.model, None],
+                  "description": "the served model (see /v1/models)"},
         "max_tokens": {
             "type": ["integer", "null"], "minimum": 1, "maximum": limits.max_tokens,
             "description": "tokens to generate at most; default: as many as fit the context, up to the server limit",
@@ -197,7 +198,12 @@ UNSUPPORTED_UNLESS = {
     "tool_choice": (None, "none"),
     "modalities": (None, ["text"]),
     "audio": (None,),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
 }
+# Message fields of tool use, which this server does not implement either (a message keeps only its text).
+UNSUPPORTED_IN_MESSAGES = ("tool_calls", "function_call", "tool_call_id")
 
 
 def check_unsupported(body: dict) -> None:
@@ -213,6 +219,12 @@ def check_unsupported(body: dict) -> None:
         value = body.get(name)
         if not any(value == u and type(value) is type(u) for u in unused):
             raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
+    messages = body.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        for name in UNSUPPORTED_IN_MESSAGES:
+            if isinstance(message, dict) and message.get(name) not in (None, [], ""):
+                raise ApiError(400, f"messages[{i}].'{name}': tool calls are not supported by this server",
+                               param=f"messages[{i}].{name}", code="unsupported_parameter")
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         raise ApiError(400, "response_format 'json_schema' is not supported yet; use {'type': 'json_object'}",
