@@ -216,8 +216,9 @@ def check_request(rules: Rules, body: Any, chat: bool) -> Prompt:
                            param="model", code="model_not_found")
         check_unsupported(body)
     _check_length_before_schema(rules, body, chat)
-    if not chat and isinstance(body, dict) and isinstance(body.get("prompt"), list):  # its length is bounded now
-        kinds = {type(p) for p in body["prompt"]}
+    items = body.get("prompt") if isinstance(body, dict) and not chat else None
+    if isinstance(items, list) and len(items) <= rules.limits.max_prompt_tokens:  # longer: the schema's words
+        kinds = {type(p) for p in items}
         if str in kinds and len(kinds) > 1:
             raise ApiError(400, "'prompt' mixes text with other items: give a text, a list holding one text, or a "
                            "list of token ids", param="prompt")
