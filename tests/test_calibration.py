@@ -82,3 +82,16 @@ def test_calibration_is_cached_with_the_model_and_measured_again_on_another_mach
     assert len(calls) == 1
     load_or_calibrate(path, "machine-b", measure)
     assert len(calls) == 2
+
+
+def test_a_forced_kernel_path_keys_its_files_however_it_is_spelt(monkeypatch):
+    """AUGURY_ISA=AVX2, ' avx2 ' and avx2 force one kernel path, so they share one key (each spelling
+    re-measured the costs and left a file of its own); a forced path is keyed apart from no forcing."""
+    from augury.calibration import machine_key
+
+    keys = {}
+    for value in ("avx2", "AVX2", " avx2 ", "portable", ""):
+        monkeypatch.setenv("AUGURY_ISA", value)
+        keys[value] = machine_key(torch.float32, ["GgufWeight"])
+    assert keys["avx2"] == keys["AVX2"] == keys[" avx2 "]
+    assert len({keys["avx2"], keys["portable"], keys[""]}) == 3

@@ -42,3 +42,83 @@ def test_demo_refuses_fewer_than_one_run_before_loading_anything(capsys):
         main(["demo", "--offline", "--runs", "0"])
     assert exit_info.value.code == 2
     assert "argument --runs: must be at least 1, got 0" in capsys.readouterr().err
+
+
+# Bad input found by an outside probe of the CLI (2026-12-05): each gets one line and a non-zero exit before
+# any model loads (these commands would load one next, so a test that loads nothing proves the order).
+@pytest.mark.parametrize("argv, message", [
+    (["serve", "--host", ""], "--host is empty"),
+    (["serve", "--host", "not a host!"], "--host 'not a host!' is not an address this machine can bind"),
+    (["serve", "--api-key", ""], "--api-key (or $AUGURY_API_KEY) is empty"),
+    (["serve", "--api-key", " key"], "--api-key starts or ends with whitespace"),
+    (["serve", "--served-model-name", " "], "--served-model-name is empty"),
+    (["serve", "--queue-timeout", "-1"], "--queue-timeout must be >= 0"),
+    (["generate", "--draft-method", "plain", "caf\udcc3 au lait"], "the prompt is not valid UTF-8 text (a byte 0xc3"),
+    (["generate", "--draft-method", "plain", "--system", "terse", "hi"], "--system is the chat template's"),
+    (["calibrate", "--out", "/proc/no-such-dir/c.json"], "--out /proc/no-such-dir/c.json: cannot create"),
+    (["calibrate", "--out", "/"], "--out / is a folder"),
+    (["loadtest", "--out", "/proc/no-such-dir/l.json"], "--out /proc/no-such-dir/l.json: cannot create"),
+    (["profile", "--decode-tokens", "0"], "--decode-tokens must be at least 1, got 0"),
+    (["demo", "--prompt", " "], "empty --prompt"),
+    (["generate", "--stop", "", "hi"], "stop strings must be non-empty text"),
+    (["generate", "-t", "1", "--seed", str(2**64), "hi"], "seed must be an integer in [-2**63, 2**64)"),
+    (["generate", "-t", "1", "--seed", str(-(2**63) - 1), "hi"], "seed must be an integer in [-2**63, 2**64)"),
+    (["generate", "-n", "2000000000", "hi"], "max_tokens must be an integer in [1, "),
+])
+def test_bad_input_is_one_line_before_any_model_loads(capsys, argv, message):
+    assert main([*argv, "--offline"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_bench_refuses_an_unwritable_out_and_contradictory_flags(capsys, tmp_path):
+    suite = tmp_path / "one.jsonl"
+    suite.write_text('{"prompt": "hi"}\n')
+    base = ["bench", "--offline", "--suite", str(suite), "--methods", "plain"]
+    assert main([*base, "--out", "/proc/no-such-dir/run"]) == 2
+    assert "--out /proc/no-such-dir/run: cannot create" in capsys.readouterr().err
+    assert main([*base, "--out", str(tmp_path / "run"), "--resume", "--overwrite"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve", "--log-level", "bogus"], "argument --log-level: invalid choice: 'bogus'"),
+    (["train", "--hours", "inf", "--out", "x"], "argument --hours: must be a finite number, got inf"),
+    (["train", "--hours", "nan", "--out", "x"], "argument --hours: must be a finite number, got nan"),
+    (["train", "--hours", "1", "--lr", "nan", "--out", "x"], "argument --lr: must be a finite number, got nan"),
+    (["train", "--hours", "1", "--noise", "inf", "--out", "x"], "argument --noise: must be a finite number"),
+])
+def test_argument_values_refused_by_the_parser(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def _run_cli(argv: list[str], stdout) -> "subprocess.CompletedProcess":
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", "import sys; from augury.cli import main; sys.exit(main())", *argv],
+                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+def test_a_closed_or_full_stdout_ends_without_a_traceback():
+    """`augury ... | head` closes the pipe: exit 141, nothing on stderr; a full disk: one line, exit 1."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with os.fdopen(write_end, "w") as closed:
+        done = _run_cli(["models", "list"], closed)
+    assert (done.returncode, done.stderr) == (141, "")
+    with open("/dev/full", "w") as full:
+        done = _run_cli(["models", "list"], full)
+    assert done.returncode == 1 and done.stderr.startswith("augury: error: [Errno 28]") and "Traceback" not in done.stderr
+
+
+def test_models_pull_and_rm_take_known_names_only(capsys):
+    for sub in ("pull", "rm"):
+        assert main(["models", sub, "/tmp/x.gguf"]) == 2
+        err = capsys.readouterr().err
+        assert "unknown model '/tmp/x.gguf'" in err and "give a path" not in err

@@ -380,3 +380,21 @@ def test_models_list_names_every_family_and_block_type(tmp_path, monkeypatch, ca
     assert set(rows) == {f.name for f in FAMILIES} >= {"qwen3", "llama", "phi3", "gemma2"}
     assert "mistral" in rows["llama"] and rows["gemma2"].split()[2] == "no:" and rows["qwen3"].split()[2] == "yes"
     assert "Q4_K" in table[-1] and "Q2_K" in table[-1].split("dequantized")[1]
+
+
+def test_a_broken_config_or_safetensors_file_is_one_line(tmp_path):
+    """config.json that is a list, lacks a setting or mistypes one, and a corrupt safetensors file: one
+    AuguryError naming the folder or file (a KeyError, AttributeError and SafetensorError before)."""
+    from augury.models import hf
+
+    base = hf_model("llama").config.to_dict()
+    cases = [([1, 2], "is not a JSON object"), ({"model_type": "llama"}, "config.json has no 'hidden_size'"),
+             ({**base, "head_dim": None, "num_attention_heads": "many"}, "a setting of the wrong kind")]
+    for config, message in cases:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        with pytest.raises(AuguryError, match=message):
+            hf.read_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(base))
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(AuguryError, match="model.safetensors: not a readable safetensors file"):
+        hf.read_weights(tmp_path, hf.read_config(tmp_path), torch.float32)

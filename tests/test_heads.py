@@ -7,6 +7,7 @@ runs of several tokens and every rollback path is taken.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -490,6 +491,12 @@ def test_head_file_problems_are_one_clear_error(target, home):
     save_file(tensors, str(home / "odd.safetensors"), metadata={head_file.META_KEY: meta})
     with pytest.raises(AuguryError, match="unknown kind 'medusa'"):
         heads.load_head(home / "odd.safetensors", source)
+    description = json.loads(meta.replace('"kind": "medusa"', '"kind": "eagle"'))
+    for field in ("target", "config"):  # a crafted description: a string where an object belongs
+        save_file(tensors, str(home / "crafted.safetensors"),
+                  metadata={head_file.META_KEY: json.dumps({**description, field: "smollm2"})})
+        with pytest.raises(AuguryError, match=f"malformed description: its '{field}' is not an object"):
+            heads.load_head(home / "crafted.safetensors", source)
 
 
 def test_a_head_file_is_replaced_whole_or_not_at_all(target, home, monkeypatch):

@@ -420,3 +420,16 @@ def test_chat_turns_of_one_is_refused_with_one_line(capsys):
     assert main(["loadtest", "--chat-turns", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("augury: error: --chat-turns") and "\n" not in err
+
+
+@pytest.mark.parametrize("url, message", [
+    ("http://", "names no host"),
+    ("http://127.0.0.1:99999", "has a port that is not a number in 1..65535"),
+    ("ftp://127.0.0.1", "must start with http:// or https://"),
+])
+def test_a_malformed_endpoint_url_is_named_for_what_is_wrong_with_it(url, message):
+    from augury.bench.endpoint import api_base
+
+    with pytest.raises(AuguryError, match=message):
+        api_base(url)
+    assert api_base("http://127.0.0.1:8080/v1/chat/completions") == "http://127.0.0.1:8080/v1"

@@ -456,3 +456,22 @@ def test_hybrid_free_drafts_never_run_the_model():
     matcher.draft = [1]
     assert hybrid.propose_free(seq, 4).tokens == []
     assert model.proposed == 0
+
+
+def test_corpus_files_that_are_not_token_id_lines_are_refused(tmp_path):
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b"\xc3\x28\x00\xff")
+    with pytest.raises(AuguryError, match="not a text file of JSON token-id lists"):
+        SuffixCorpus(binary)
+    booleans = tmp_path / "booleans.jsonl"
+    booleans.write_text("[true, false, 1]\n")  # JSON booleans are ints to Python, not token ids
+    with pytest.raises(AuguryError, match="line 1 is not a JSON list of token ids"):
+        SuffixCorpus(booleans)
+
+
+def test_matcher_bounds_are_named_as_the_cli_spells_them():
+    with pytest.raises(AuguryError, match="--match-min must be at least 1, got -3"):
+        SuffixProposer(-3)
+    with pytest.raises(AuguryError, match="--ngram-max must be at most 64, got 100000000"):
+        NgramProposer(1, 100_000_000)
+    assert NgramProposer(1, 64).ngram_max == 64

@@ -455,3 +455,16 @@ def test_a_chats_second_turn_reads_the_first_turns_rows_through_the_api():
     want = common(kept, tokenizer.encode_chat(messages))
     assert want > 32, "the chat is too short to show more than the first prompt's blocks"
     assert int(saved.split()[-1]) == want, f"the second turn reused {saved.split()[-1]} rows, not {want}"
+
+
+def test_a_kv_pool_the_free_memory_cannot_hold_is_refused_at_start(target, monkeypatch):
+    """--max-batch 100000 asked the allocator for 158 GB and died in a traceback: the pool's size is checked
+    against the memory free now, in one line naming the options to lower."""
+    import augury.scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "free_memory", lambda device: 10**6)
+    with pytest.raises(AuguryError, match=r"KV cache for 100000 rows .* lower --max-batch") as error:
+        Scheduler(target, None, SchedulerConfig(max_batch=100_000, prefix_cache_bytes=0))
+    assert "\n" not in str(error.value)
+    monkeypatch.setattr(scheduler_module, "free_memory", lambda device: 10**12)
+    assert Scheduler(target, None, SchedulerConfig(max_batch=2, prefix_cache_bytes=0)).pool.batch_size == 2

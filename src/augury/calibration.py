@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import time
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ import torch
 from torch import Tensor
 
 from augury.files import write_json_atomic
+from augury.kernels.extension import forced_isa
 
 # The rows one token alone may be padded to (its "alone" reference), cheapest first: the order breaks ties.
 BASES = (1, 2, 4, 8, 16, 32)
@@ -114,7 +114,7 @@ def machine_key(dtype: torch.dtype, weight_kinds: list[str]) -> str:
                     break
     except OSError:
         pass
-    isa = os.environ.get("AUGURY_ISA", "")  # a forced kernel path costs and rounds as its own machine
+    isa = forced_isa() or ""  # a forced kernel path costs and rounds as its own machine (however it is spelt)
     parts = [cpu, isa, torch.__version__, str(torch.get_num_threads()), str(dtype), *sorted(set(weight_kinds))]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from augury.errors import AuguryError
@@ -31,17 +32,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # inside: Ctrl-C while the subcommands import is an interrupt too
         result = args.func(args)
+        sys.stdout.flush()  # a closed pipe or a full disk shows here, in the handlers below, not at exit
     except AuguryError as exc:
         print(f"augury: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("augury: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`augury generate ... | head`): nothing left to say
+        _quiet_stdout()
+        return 141
+    except OSError as exc:  # a file or folder the command was given or writes to (a full disk, /proc/x)
+        _quiet_stdout()
+        print(f"augury: error: {exc}", file=sys.stderr)
+        return 1
     return int(result or 0)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's flush at exit cannot fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file behind stdout
+        pass
 
 
 if __name__ == "__main__":

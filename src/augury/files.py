@@ -1,4 +1,5 @@
-"""Files written so that a reader sees the old one or the whole new one, never a part."""
+"""Files written so that a reader sees the old one or the whole new one, never a part; and a check that
+an output path can be written at all, made before the work that fills it."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+
+from augury.errors import AuguryError
 
 
 def replace_atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -30,3 +33,24 @@ def write_atomic(path: Path, data: bytes) -> None:
 def write_json_atomic(path: Path, value: object) -> None:
     """`value` as indented JSON, atomically."""
     write_atomic(path, (json.dumps(value, indent=1) + "\n").encode())
+
+
+def check_writable(path: Path, what: str, *, folder: bool = False) -> None:
+    """A one-line error, before any long work, where `path` (a file, or a folder with folder=True) could
+    not be written: a calibration or a load test that ran for minutes and then died on its --out lost
+    everything. Creates the missing parent folders (the command would create them anyway)."""
+    path = Path(path)
+    if folder:
+        if path.exists() and not path.is_dir():
+            raise AuguryError(f"{what} {path} is a file, not a folder")
+        parent = path
+    else:
+        if path.is_dir():
+            raise AuguryError(f"{what} {path} is a folder; give a file name")
+        parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AuguryError(f"{what} {path}: cannot create {parent} ({exc.strerror or exc})") from None
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise AuguryError(f"{what} {path} is not writable")

@@ -113,7 +113,12 @@ def validate(params: SamplingParams) -> None:
         if not -2.0 <= value <= 2.0:
             raise AuguryError(f"{name} must be in [-2, 2], got {value}")
     if not isinstance(params.max_tokens, int) or not 0 < params.max_tokens <= MAX_TOKENS_LIMIT:
-        raise AuguryError(f"max_tokens must be a positive integer, got {params.max_tokens}")
+        raise AuguryError(f"max_tokens must be an integer in [1, {MAX_TOKENS_LIMIT}], got {params.max_tokens}")
+    if any(not isinstance(text, str) or not text for text in params.stop):
+        raise AuguryError(f"stop strings must be non-empty text (an empty one would stop at once), got {list(params.stop)!r}")
+    if params.seed is not None and (isinstance(params.seed, bool) or not isinstance(params.seed, int)
+                                    or not -(2**63) <= params.seed < 2**64):
+        raise AuguryError(f"seed must be an integer in [-2**63, 2**64) (a torch generator's range), got {params.seed}")
     if params.coupling not in COUPLINGS:
         raise AuguryError(f"coupling must be one of {', '.join(COUPLINGS)}, got {params.coupling!r}")
     if params.logprobs is not None and (not isinstance(params.logprobs, int) or not 0 <= params.logprobs <= 20):

@@ -48,7 +48,7 @@ from augury.cache import KVCache
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.planner import Planner
-from augury.prefix_cache import PrefixCache, kv_bytes_per_token
+from augury.prefix_cache import PrefixCache, free_memory, kv_bytes_per_token
 from augury.proposers.base import Proposer, batches
 from augury.request import Request, TokenLogprob
 from augury.sampling import SamplingParams
@@ -113,6 +113,7 @@ class Scheduler:
             )
         # A row also takes the block verified after the sequence's last token
         # (new_cache adds room for the decoder's row padding).
+        self._check_pool_fits(target, config, self.capacity + k_max + 1)
         self.pool = target.decoder.new_cache(config.max_batch, self.capacity + k_max + 1)
         self.prefix, self.draft_prefix = self._prefix_caches(config)
         self.stats = SchedulerStats()
@@ -121,6 +122,19 @@ class Scheduler:
         self._running: list[Ticket] = []  # running[i] owns pool row i
         self._thread: threading.Thread | None = None
         self._stopping = False
+
+    @staticmethod
+    def _check_pool_fits(target: Model, config: SchedulerConfig, row_tokens: int) -> None:
+        """A one-line error where the KV pool would take more memory than is free now (an absurd
+        --max-batch asked the allocator for 158 GB and died in a traceback)."""
+        probe = target.decoder.new_cache(1, 1)
+        need = kv_bytes_per_token(probe) * config.max_batch * row_tokens
+        free = free_memory(probe.keys[0].device)
+        if free is not None and need > free:
+            raise AuguryError(
+                f"the KV cache for {config.max_batch} rows of {row_tokens} tokens needs {need / 2**30:.1f} GB, more "
+                f"than the {free / 2**30:.1f} GB free; lower --max-batch or --kv-budget-tokens"
+            )
 
     @staticmethod
     def _prompts_in_pieces(target: Model, config: SchedulerConfig) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 
@@ -38,8 +39,15 @@ def api_base(url: str) -> str:
     """The /v1 base of an endpoint given as host, .../v1 or .../v1/chat/completions."""
     base = url.rstrip("/")
     base = base.removesuffix("/chat/completions")
-    if not base.startswith(("http://", "https://")):
+    if not url.startswith(("http://", "https://")):
         raise AuguryError(f"endpoint '{url}' must start with http:// or https://")
+    parts = urllib.parse.urlsplit(base)
+    try:
+        port = parts.port  # a ValueError for a port out of range or not a number
+    except ValueError:
+        raise AuguryError(f"endpoint '{url}' has a port that is not a number in 1..65535") from None
+    if not parts.hostname or port == 0:
+        raise AuguryError(f"endpoint '{url}' names no host" if not parts.hostname else f"endpoint '{url}' has port 0")
     return base if base.endswith("/v1") else base + "/v1"
 
 
@@ -76,14 +84,15 @@ class EndpointContender:
                 raise AuguryError(
                     f"endpoint {self.base} refused the request (HTTP {exc.code}); check --api-key"
                 ) from None
-            listing = {}  # reachable; some servers do not list models
+            listing = {"status": exc.code}  # reachable; some servers do not list models
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise AuguryError(f"cannot reach endpoint {self.base}: {reason}") from None
         entries = [m for m in listing.get("data") or [] if isinstance(m, dict) and m.get("id")]
         if self.model is None:
             if not entries:
-                raise AuguryError(f"endpoint {self.base} lists no models; name one with --served-model")
+                answer = f" (GET /models answered HTTP {listing['status']})" if "status" in listing else ""
+                raise AuguryError(f"endpoint {self.base} lists no models{answer}; name one with --served-model")
             self.model = entries[0]["id"]
         self.llama_server = any(m.get("owned_by") == "llamacpp" for m in entries)
         return self.model

@@ -113,6 +113,7 @@ def _check_report_deps() -> None:
 def run_bench_command(args: argparse.Namespace) -> int:
     from augury.bench.report import console_summary, write_report
     from augury.bench.runner import check_out_dir
+    from augury.files import check_writable
 
     out = Path(args.out)
     _check_report_deps()
@@ -147,7 +148,10 @@ def run_bench_command(args: argparse.Namespace) -> int:
         raise AuguryError("--max-tokens must be at least 1")
     params = sampling_from_args(args)
     suite = load_suite(args.suite, args.data)
+    if args.resume and args.overwrite:
+        raise AuguryError("--resume continues the run in --out and --overwrite discards it: give one of them")
     check_out_dir(out, args.resume, args.overwrite)
+    check_writable(out, "--out", folder=True)
     endpoint = None
     if args.endpoint:
         endpoint = EndpointContender(args.endpoint, args.api_key, args.served_model)

@@ -261,6 +261,7 @@ def calibrate(
 def run_calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from augury.files import check_writable
     from augury.models.loader import load_model
     from augury.models.tokenizer import build_prompt_ids
     from augury.proposers.skipped_layers import write_calibration
@@ -269,6 +270,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise AuguryError(f"--prompts must be between 1 and {len(CALIBRATION_PROMPTS)}, got {args.prompts}")
     if args.max_tokens < 2:
         raise AuguryError(f"--max-tokens must be at least 2, got {args.max_tokens}")
+    if args.out:
+        check_writable(Path(args.out), "--out")
     target = load_model(args.model, dtype=args.dtype, device=args.device, offline=args.offline, exact=args.exact)
     chat = bool(target.tokenizer.meta.chat_template)
     prompts = [build_prompt_ids(target.tokenizer, text, chat) for text in CALIBRATION_PROMPTS[: args.prompts]]

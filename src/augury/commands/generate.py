@@ -56,6 +56,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def check_utf8(text: str | None, what: str) -> None:
+    """Text from argv or stdin that was not UTF-8 arrives with its bytes as lone surrogates, which no
+    tokenizer takes: say so in one line."""
+    try:
+        (text or "").encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise AuguryError(f"{what} is not valid UTF-8 text (a byte 0x{ord(exc.object[exc.start]) & 0xFF:02x} "
+                          f"at character {exc.start})") from None
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from augury.api import load
     from augury.step import check_k
@@ -63,11 +73,15 @@ def run_generate(args: argparse.Namespace) -> int:
     params = sampling_from_args(args)
     if args.draft_method != "plain":
         check_k(args.k)
+    if args.system is not None and not args.chat:
+        raise AuguryError("--system is the chat template's system message: it needs --chat")
     prompt = args.prompt
     if prompt is None or prompt == "-":
         prompt = sys.stdin.read()
     if not prompt:
         raise AuguryError("empty prompt: give it as an argument or on stdin")
+    for what, text in (("the prompt", prompt), ("--system", args.system), *(("--stop", s) for s in args.stop)):
+        check_utf8(text, what)
     llm = load_from_args(args, load)
     ids = llm.encode(prompt, chat=args.chat, system=args.system)
     result = llm.generate_ids(ids, params, on_text=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
@@ -88,6 +102,9 @@ def run_demo(args: argparse.Namespace) -> int:
     from augury.proposers.suffix import SuffixProposer
     from augury.sampling import SamplingParams
 
+    if not args.prompt.strip():
+        raise AuguryError("empty --prompt: give the demo something to answer")
+    check_utf8(args.prompt, "--prompt")
     options = ModelOptions(draft=DEFAULT_DRAFT, offline=args.offline)
     llm = load(DEFAULT_TARGET, draft_method=DEFAULT_METHOD, k=args.k, offline=args.offline, draft=options.draft)
     target, proposer = llm.target, llm.proposer

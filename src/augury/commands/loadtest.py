@@ -120,6 +120,10 @@ def _check_args(args: argparse.Namespace) -> list[int]:
                           f"{args.endpoint_label!r}")
     if args.endpoint_pid is not None and resident_gb(args.endpoint_pid) is None:
         raise AuguryError(f"--endpoint-pid {args.endpoint_pid}: no such process (or no /proc to read its memory)")
+    if args.out is not None:  # before the load test, not after it
+        from augury.files import check_writable
+
+        check_writable(args.out, "--out")
     return levels
 
 

@@ -16,7 +16,7 @@ def _pull(args: argparse.Namespace) -> int:
     # Check every name before downloading anything, so a typo in the last name
     # does not surface only after gigabytes of downloads.
     for name in args.names:
-        store.get_model(name)
+        store.get_model(name, paths=False)
     for name in dict.fromkeys(args.names):
         path = store.pull(name, progress=not args.quiet, verify=args.verify)
         print(path)

@@ -70,8 +70,12 @@ def run(args: argparse.Namespace) -> int:
         rows = [int(r) for r in args.rows.split(",")]
     except ValueError:
         raise AuguryError(f"--rows must be a comma list of integers, got {args.rows!r}") from None
-    if any(r < 1 or r > 64 for r in rows) or args.context < 1:
-        raise AuguryError("--rows must lie in 1..64 and --context must be positive")
+    if any(r < 1 or r > 64 for r in rows):
+        raise AuguryError(f"--rows must lie in 1..64, got {args.rows!r}")
+    if args.context < 1:
+        raise AuguryError(f"--context must be at least 1, got {args.context}")
+    if args.decode_tokens < 1:
+        raise AuguryError(f"--decode-tokens must be at least 1, got {args.decode_tokens}")
     peers = _parse_list(args.peers, "peer", PROFILE_PEERS)
     formats: list[str | None] = list(_parse_list(args.weights, "weights")) or [None]
     if formats != [None] and "weights" not in inspect.signature(load_model).parameters:

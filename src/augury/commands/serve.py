@@ -6,6 +6,7 @@ import argparse
 import ipaddress
 import math
 import os
+import socket
 import sys
 
 from augury.commands.common import add_draft_args, add_model_args, load_from_args
@@ -78,13 +79,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM or Ctrl-C, exit within this many seconds (default 30): new requests get 503 at "
                    "once, running ones may finish until min(5, T/2) s before the end, then end with an error")
-    g.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug", "trace"),
+                   help="uvicorn log level (default info)")
     p.set_defaults(func=run_serve)
 
 
 def _check_args(args: argparse.Namespace) -> None:
     if not 0 < args.port < 65536:
         raise AuguryError(f"--port must be between 1 and 65535, got {args.port}")
+    _check_host(args.host, args.port)
+    if args.api_key is not None:  # given (or $AUGURY_API_KEY set), so meant: an empty key would turn auth off
+        if not args.api_key.strip():
+            raise AuguryError("--api-key (or $AUGURY_API_KEY) is empty: give a key, or leave both out to serve "
+                              "without one")
+        if args.api_key != args.api_key.strip():
+            raise AuguryError("--api-key starts or ends with whitespace, which no HTTP header can carry")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise AuguryError("--served-model-name is empty")
+    if not args.queue_timeout >= 0:
+        raise AuguryError(f"--queue-timeout must be >= 0 seconds (0 = no limit), got {args.queue_timeout}")
     for name in ("max_tokens_limit", "max_body_bytes"):
         if getattr(args, name) < 1:
             raise AuguryError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -103,6 +116,18 @@ def _check_args(args: argparse.Namespace) -> None:
     for origin in args.allow_origin:
         if origin != "*" and not origin.startswith(("http://", "https://")):
             raise AuguryError(f"--allow-origin takes scheme://host[:port] (e.g. http://localhost:3000), got {origin!r}")
+
+
+def _check_host(host: str, port: int) -> None:
+    """--host must name an address to bind: an empty one (an unset $HOST, say) made uvicorn bind every
+    interface, and a name that does not resolve failed only after the model had loaded."""
+    if not host.strip():
+        raise AuguryError("--host is empty: give an address to bind (127.0.0.1: this machine only; 0.0.0.0: "
+                          "every interface)")
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise AuguryError(f"--host {host!r} is not an address this machine can bind ({exc})") from None
 
 
 def prefill_chunk(text: str) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from functools import partial
 
 from augury.errors import AuguryError
@@ -13,15 +14,27 @@ KINDS = ("mtp", "eagle", "parallel")
 
 def _positive(kind):
     def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        value = _finite(text) if kind is float else _number(kind, text)
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
         return value
 
     return parse
+
+
+def _number(kind, text: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _finite(text: str) -> float:
+    """A float option: nan and inf are refused here (`--hours inf` was a run without a time limit)."""
+    value = _number(float, text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -58,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="stop collecting after this many tokens (default: when the corpus share of --hours ends)")
     c.add_argument("--sequences", type=_positive(int), default=None,
                    help="self: stop writing after this many conversations")
-    c.add_argument("--collect-share", type=float, default=0.4,
+    c.add_argument("--collect-share", type=_finite, default=0.4,
                    help="share of --hours for collecting (default 0.4)")
     c.add_argument("--request-tokens", type=_positive(int), default=96, help="self: longest request (default 96)")
     c.add_argument("--answer-tokens", type=_positive(int), default=256, help="self: longest answer (default 256)")
@@ -73,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     h.add_argument("--feature", choices=("final", "last_layer"), default=None,
                    help="target state read: its final normed state (eagle, parallel default) or its last layer's "
                    "output before the final norm (mtp default)")
-    h.add_argument("--feature-loss", type=float, default=None,
+    h.add_argument("--feature-loss", type=_finite, default=None,
                    help="weight of the smooth-L1 loss on the next state (eagle default 1, mtp 0)")
     h.add_argument("--train-depth", type=_positive(int), default=None,
                    help="chained positions unrolled in training (default 2)")
@@ -89,15 +102,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     o.add_argument("--lr", type=_positive(float), default=1e-3, help="peak learning rate (default 1e-3)")
     o.add_argument("--topk", type=_positive(int), default=8, help="target log-probabilities kept per token (default 8)")
     o.add_argument("--eval-depth", type=_positive(int), default=4, help="positions measured held-out (default 4)")
-    o.add_argument("--holdout", type=float, default=0.05, help="share of conversations held out (default 0.05)")
+    o.add_argument("--holdout", type=_finite, default=0.05, help="share of conversations held out (default 0.05)")
     o.add_argument("--save-dtype", default="bf16", help="dtype of the head's matrices on disk (default bf16)")
     o.add_argument("--train-dtype", default="auto", choices=("auto", "fp32", "bf16"),
                    help="the training step's matmuls: auto (default) times both on this machine at the start and "
                    "keeps the faster (bf16 under autocast; parameters and optimizer stay fp32)")
-    o.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decay on the matrices (default 0.01)")
-    o.add_argument("--noise", type=float, default=0.05,
+    o.add_argument("--weight-decay", type=_finite, default=0.01, help="AdamW decay on the matrices (default 0.01)")
+    o.add_argument("--noise", type=_finite, default=0.05,
                    help="Gaussian noise on the target states read, times their RMS (default 0.05)")
-    o.add_argument("--dropout", type=float, default=0.1, help="dropout on the head layer's input (default 0.1)")
+    o.add_argument("--dropout", type=_finite, default=0.1, help="dropout on the head layer's input (default 0.1)")
     o.add_argument("--curve-at", default="50000,200000,500000,1000000",
                    help="tokens seen at which held-out acceptance is measured (default 50k,200k,500k,1M)")
     o.add_argument("--seed", type=int, default=0)

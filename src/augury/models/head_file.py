@@ -105,6 +105,9 @@ def read_head(path: str | Path) -> tuple[dict, dict[str, Tensor]]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
         raise AuguryError(f"head file {file} has format {meta.get('format') if isinstance(meta, dict) else '?'}, "
                           f"this augury reads format {FORMAT_VERSION}")
+    for field in ("target", "config"):  # read as objects of settings further on
+        if not isinstance(meta.get(field, {}), dict):
+            raise AuguryError(f"head file {file} has a malformed description: its '{field}' is not an object")
     kind = meta.get("kind")
     if kind not in KINDS:
         raise AuguryError(f"head file {file} is of unknown kind '{kind}' (known: {', '.join(KINDS)})")

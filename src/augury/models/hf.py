@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from augury.errors import AuguryError
 from augury.models.decoder import ModelConfig
@@ -47,7 +47,20 @@ def read_config(folder: Path) -> ModelConfig:
         cfg = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise AuguryError(f"{folder}: cannot read config.json: {exc}") from None
-    cfg = cfg.get("text_config", cfg)
+    if isinstance(cfg, dict):
+        cfg = cfg.get("text_config", cfg)
+    if not isinstance(cfg, dict):
+        raise AuguryError(f"{folder}: config.json is not a JSON object of settings")
+    try:
+        return _config_from(cfg, folder)
+    except KeyError as exc:
+        raise AuguryError(f"{folder}: config.json has no {exc.args[0]!r}") from None
+    except (TypeError, ValueError, ArithmeticError, AttributeError) as exc:
+        raise AuguryError(f"{folder}: config.json holds a setting of the wrong kind ({exc})") from None
+
+
+def _config_from(cfg: dict, folder: Path) -> ModelConfig:
+    """ModelConfig from config.json's settings (a KeyError or TypeError: a missing or mistyped one)."""
     where = f"{folder}: "
     model_type = cfg.get("model_type")
     fam = BY_HF_TYPE.get(model_type)
@@ -143,10 +156,13 @@ def read_weights(folder: Path, config: ModelConfig, dtype: torch.dtype) -> dict:
         raise AuguryError(f"{folder}: no *.safetensors files")
     tensors = _Tensors(folder)
     for file in files:
-        with safe_open(str(file), framework="pt") as fh:
-            for key in fh.keys():
-                name = key.removeprefix("model.language_model.").removeprefix("model.")
-                tensors[name] = fh.get_tensor(key).float()
+        try:
+            with safe_open(str(file), framework="pt") as fh:
+                for key in fh.keys():
+                    name = key.removeprefix("model.language_model.").removeprefix("model.")
+                    tensors[name] = fh.get_tensor(key).float()
+        except SafetensorError as exc:
+            raise AuguryError(f"{file}: not a readable safetensors file ({exc})") from None
     fam = family(config.arch)
     # gemma keeps norm weights as w in x * (1 + w); we store the full multiplier.
     norm_shift = 1.0 if fam.norm_plus_one else 0.0

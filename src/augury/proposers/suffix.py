@@ -31,7 +31,6 @@ from pathlib import Path
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers.base import Draft, ProposerBase, Sequence, match_bucket
-from augury.proposers.ngram import check_ngram_range
 
 SEPARATOR = -1  # ends each document in the corpus; never a token, so no match runs across it
 
@@ -150,15 +149,17 @@ class SuffixCorpus:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.touch()
-            lines = self.path.read_text().splitlines()
+            lines = self.path.read_text(encoding="utf-8").splitlines()
         except OSError as e:
             raise AuguryError(f"cannot use suffix corpus {self.path}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise AuguryError(f"suffix corpus {self.path} is not a text file of JSON token-id lists") from None
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 tokens = json.loads(line)
-                ok = isinstance(tokens, list) and all(isinstance(t, int) and t >= 0 for t in tokens)
+                ok = isinstance(tokens, list) and all(type(t) is int and t >= 0 for t in tokens)  # not true/false
             except json.JSONDecodeError:
                 ok = False
             if not ok:
@@ -205,7 +206,8 @@ class SuffixProposer(ProposerBase):
     drafts_free = True
 
     def __init__(self, ngram_min: int = 1, corpus: SuffixCorpus | None = None) -> None:
-        check_ngram_range(ngram_min, ngram_min)
+        if ngram_min < 1:  # the CLI's --match-min
+            raise AuguryError(f"--match-min must be at least 1, got {ngram_min}")
         self.ngram_min = ngram_min
         self.corpus = corpus if corpus is not None else SuffixCorpus()
         self.states: dict[int, _SuffixState] = {}
