@@ -458,6 +458,38 @@ def test_hybrid_free_drafts_never_run_the_model():
     assert model.proposed == 0
 
 
+class Matched(Recording):
+    """A matcher stub: a fixed draft from a match of a given length's bucket."""
+
+    def __init__(self, draft: list[int], bucket: int) -> None:
+        super().__init__(draft)
+        self.bucket = bucket
+
+    def propose(self, seq, k):
+        self.proposed += 1
+        return Draft(self.draft[:k], bucket=self.bucket)
+
+
+def test_a_hybrids_matcher_draft_runs_past_a_short_plan():
+    """The plan's K prices a model's drafting rounds: on a step planned at K = 1, a hybrid's matcher
+    draft (free) still runs to the driver's longest (`free_k`, what `Planner.trim` then cuts), while
+    the model's draft keeps the plan's K and a matcher draft is not stretched where no free_k is given."""
+    from augury.request import Request
+    from augury.step import draft
+
+    matcher, model = Matched([1, 2, 3, 4], bucket=3), Recording([5, 5, 5, 5])
+    hybrid = HybridProposer(matcher, model, min_match_tokens=2)
+    request = Request(tiny_model(vocab=8), [0, 1, 2], SamplingParams(max_tokens=40), hybrid)
+    draft(hybrid, [request], [1], free_k=4)
+    assert (request.draft.tokens, request.draft.bucket) == ([1, 2, 3, 4], 3)
+    draft(hybrid, [request], [1])
+    assert request.draft.tokens == [1]
+    matcher.draft = []  # nothing matched: the model drafts, at the plan's K
+    draft(hybrid, [request], [1], free_k=4)
+    assert (request.draft.tokens, model.proposed) == ([5], 1)
+    request.close()
+
+
 def test_corpus_files_that_are_not_token_id_lines_are_refused(tmp_path):
     binary = tmp_path / "binary.jsonl"
     binary.write_bytes(b"\xc3\x28\x00\xff")

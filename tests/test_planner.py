@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from augury.planner import DraftOdds, DraftTally, Planner, ProbeTimer, StepCosts, plan_step
+from augury.planner import DraftOdds, DraftTally, Planner, ProbeTimer, StepCosts, plan_step, verify_time
 
 
 def _odds(alpha: float, n: int) -> list[DraftOdds]:
@@ -205,11 +205,11 @@ def test_a_probe_starts_a_drafter_only_where_its_catch_up_is_cheap(behind, start
     """Past the warm-up, a probe of a sequence alone that may still generate 101 tokens (3.03 s of
     plain steps) starts its drafter for a 20-token catch-up (40 ms, about one plain step) and for a
     140-token one (0.28 s: under a tenth of the request's plain time), but not for a 2000-token
-    prompt (4 s: a probe cannot win that back)."""
+    prompt (4 s: a probe cannot win that back). The probe tries the K next to the plan's (0): 1."""
     planner = Planner(4, batched=False, probe_every=1, curve={1: 30.0, 5: 36.0})
     planner.steps = planner.k_max + 1  # the warm-up is over
     planner.costs.observe_catch_up(100, 0.2)  # 2 ms a token, as measured when a drafter started
-    assert planner.plan([_Alone(behind)]) == ([4] if starts else [0])
+    assert planner.plan([_Alone(behind)]) == ([1] if starts else [0])
     assert planner.probes == 1  # it was a probe in every case
 
 
@@ -364,3 +364,42 @@ def test_a_requests_own_acceptance_counts_only_the_drafts_the_plan_bought(planne
     request.stats.drafted = request.stats.accepted = 100
     request.planned_drafted, request.planned_accepted = planned
     assert planner.plan([request]) == plan
+
+
+def _alone_planner(curve: dict[int, float], round_ms: float) -> Planner:
+    """A planner past its warm-up that never probes, its drafter measured at round_ms a drafting round."""
+    planner = Planner(4, batched=False, probe_every=0, curve=curve)
+    planner.steps = planner.k_max + 1
+    planner.costs.observe_draft(1, 4, 4 * round_ms / 1e3)
+    return planner
+
+
+def test_a_sequence_alone_drafts_short_where_verification_is_steep():
+    """A drafter at 15 ms a round and the prior's acceptance (0.7, chained): on a cost curve where two
+    tokens cost what one does but five cost twice as much (Zen 2's, docs/benchmarks.md 28), one drafted
+    token pays (1.7 tokens in 66 ms against 1 in 50) and four do not (2.8 in 158 ms); where
+    verification is flat, four do."""
+    steep = {1: 49.7, 2: 51.2, 3: 68.3, 4: 83.8, 5: 97.5}
+    flat = {1: 30.0, 2: 30.5, 3: 31.0, 4: 31.5, 5: 32.0}
+    request = _Alone(0)
+    request.started = True
+    assert _alone_planner(steep, 15.0).plan([request]) == [1]
+    assert _alone_planner(flat, 3.0).plan([request]) == [4]
+    assert _alone_planner(steep, 60.0).plan([request]) == [0]  # a drafter as dear as a step: plain
+
+
+def test_verification_is_priced_at_the_length_a_doubting_drafter_drafts():
+    """A drafter allowed four tokens that stops after the first 70% of the time: its forward costs what
+    the drafted lengths cost on average, so allowing four (2.71 tokens in ~75 ms) beats allowing one
+    (1.9 in 57 ms); priced at five rows (98 ms) it would not (25 tokens/s against 33)."""
+    costs = StepCosts()
+    for block, ms in {1: 50.0, 2: 52.0, 3: 68.0, 4: 84.0, 5: 98.0}.items():
+        for _ in range(3):  # seen enough times to be read as measured, not from the fitted line
+            costs.observe_target(1, block, ms / 1e3)
+    costs.observe_draft(1, 4, 4 * 0.005)
+    odds = DraftOdds(reach=(1.0, 0.3, 0.3, 0.3), accept=(0.9, 0.9, 0.9, 0.9))
+    assert verify_time(costs, [odds], [4]) == pytest.approx((50 + 2 + 0.3 * (16 + 16 + 14)) / 1e3)
+    assert verify_time(costs, [odds], [0]) == pytest.approx(0.050)
+    assert verify_time(costs, [odds, odds], [4, 1]) == pytest.approx(costs.target_time(2, 5))  # its widest draft
+    assert verify_time(costs, [odds], [4], drafted=True) == pytest.approx(0.098)  # a made draft: its length
+    assert plan_step(costs, [odds], [10], [None], k_max=4) == [4]

@@ -54,7 +54,8 @@ class BatchDrafter:
         groups = [[tk] for tk in seeded] + ([shared] if self.planner.batched else [[tk] for tk in shared])
         for group in filter(None, groups):
             members, ks = [t for t, _ in group], [k for _, k in group]
-            measured = self._run(members, "drafting", lambda: draft(self.proposer, [t.request for t in members], ks))
+            measured = self._run(members, "drafting",
+                                 lambda: draft(self.proposer, [t.request for t in members], ks, free_k=self.planner.k_max))
             if measured is not None:
                 self.planner.observe_draft([t.request for t in members], ks, measured)
         live = [t for t in tickets if t.request is not None]  # a failed drafter's tickets were released

@@ -96,7 +96,7 @@ class Engine:
             while not request.done:
                 if self.proposer is not None:
                     ks = self.planner.plan([request]) if self.planner is not None else [self.k]
-                    measured = draft(self.proposer, [request], ks)
+                    measured = draft(self.proposer, [request], ks, free_k=self.k)
                     if self.planner is not None:
                         draft_free(self.proposer, [request], self.k)
                         self.planner.trim([request])

@@ -121,7 +121,7 @@ def plan_step(
             if kr > 0 and late:
                 steps_left = max(1.0, tokens_left / o.tokens(kr))
                 draft_s += late * costs.catch_up_per_token / steps_left
-        seconds = costs.target_time(rows, 1 + max(ks)) + draft_s
+        seconds = verify_time(costs, odds, ks, drafted=drafted) + draft_s
         rate = tokens / max(seconds, 1e-9)
         # Drafting must beat plain decoding by a margin, not a hair: the
         # estimates are noisy, and a wrong "draft" costs speed while a wrong
@@ -130,6 +130,28 @@ def plan_step(
         if rate > needed:
             best, best_rate = ks, rate
     return best
+
+
+def verify_time(costs: StepCosts, odds: list[DraftOdds], ks: list[int], *, drafted: bool = False) -> float:
+    """Seconds of the target's forward that verifies drafts of up to ks[r] tokens.
+
+    A batch's forward is as wide as its longest draft allows. A sequence alone
+    verifies what its drafter drafted, which for one that stops when it doubts
+    is often less than it was allowed: its forward's expected cost over the
+    drafted length d (reach[i] = P(d > i)),
+        t(1) + sum_{i<k} reach[i] * (t(i + 2) - t(i + 1)).
+    Priced at the full width instead, a long allowance looked as dear as a
+    long draft, and where verification is steep (a CPU with one integer
+    multiply pipe, docs/benchmarks.md 28) that hid the short drafts that pay.
+    """
+    if len(ks) > 1 or drafted or ks[0] == 0:  # made drafts (trim) are verified at their own length
+        return costs.target_time(len(ks), 1 + max(ks))
+    seconds = previous = costs.target_time(1, 1)
+    for i, reach in enumerate(odds[0].reach[: ks[0]]):
+        wider = costs.target_time(1, i + 2)
+        seconds += reach * (wider - previous)
+        previous = wider
+    return seconds
 
 
 class Planner:
@@ -271,7 +293,7 @@ class Planner:
         def rate(kr: int) -> float:
             tokens = sum(o.tokens(kr) for o in odds)
             draft_s = sum(o.drafted(kr) for o in odds) * self.costs.draft_round_time(1) if kr else 0.0
-            return tokens / max(self.costs.target_time(rows, 1 + kr) + draft_s, 1e-9)
+            return tokens / max(verify_time(self.costs, odds, [kr] * rows) + draft_s, 1e-9)
 
         return rate(k) / rate(0)
 
@@ -312,11 +334,10 @@ class Planner:
         if not self.adaptive or self.free_drafts:  # free drafts: `trim` decides what is verified
             return [min(self.k_max, cap) for cap in caps]
         alone = len(requests) == 1
-        # A sequence alone drafts all it may or not at all: a drafter that stops
-        # itself when it doubts already sizes each draft, token by token, better
-        # than averages can; capping it lower only cut confident drafts short
-        # (docs/design.md). Probes and plans both pick from these.
-        candidates = (0, self.k_max) if alone else tuple(range(self.k_max + 1))
+        # Every K, a sequence alone too: with verification priced at the length a drafter that stops
+        # when it doubts really drafts (`verify_time`), a short cap is chosen only where the cost curve
+        # is steep enough to pay for it (docs/design.md). Probes and plans both pick from these.
+        candidates = tuple(range(self.k_max + 1))
         probe = None
         if self.steps <= self.k_max + 1:
             probe = self.k_max + 1 - self.steps  # warm-up: every K once

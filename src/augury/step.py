@@ -119,11 +119,16 @@ class DraftRound:
     forwards: int = 0  # drafter forwards the drafting ran (0: no model ran, a matcher drafted)
 
 
-def draft(proposer: Proposer, requests: list[Request], ks: list[int]) -> DraftRound:
+def draft(proposer: Proposer, requests: list[Request], ks: list[int], free_k: int = 0) -> DraftRound:
     """Draft for several requests together (k = 0: no draft) and store each draft on its request.
 
     Starts a request's proposer on its first draft. Drafts for all of them in
     one batch where the proposer batches (one drafter forward per position).
+    free_k: how long a draft that cost nothing (a matcher's, `Draft.bucket` > 0,
+    from a proposer with `propose_free`: a hybrid's) may run whatever its k. A
+    planner's K prices a model's drafting rounds; cutting a hybrid's copied
+    span to a K chosen for its model's would forgo free tokens (`Planner.trim`
+    still decides how much of it is verified).
     """
     t0 = time.perf_counter()
     lengths = [min(k, r.draft_cap()) for r, k in zip(requests, ks)]
@@ -145,7 +150,13 @@ def draft(proposer: Proposer, requests: list[Request], ks: list[int]) -> DraftRo
     drafts = propose_batch(proposer, [r.seq for r, _ in live], [k for _, k in live])
     forwards = proposer.forwards - forwards  # each served every sequence drafted here
     t2 = time.perf_counter()
+    propose_free = getattr(proposer, "propose_free", None)
     for (request, _), proposed in zip(live, drafts):
+        free_cap = min(free_k, request.draft_cap())
+        if propose_free is not None and proposed.bucket and len(proposed) < free_cap:
+            longer = propose_free(request.seq, free_cap)
+            if longer.tokens[: len(proposed)] == proposed.tokens:
+                proposed = longer
         request.draft = proposed
         request.proposer_seen = len(request.seq.tokens)
         request.stats.draft_s += (t2 - t0) / len(live)
