@@ -76,6 +76,7 @@ class EndpointContender:
 
     def check(self) -> str:
         """Fail early, with one line, if the server cannot be reached; return the model name to use."""
+        status = None  # the HTTP error GET /models answered, if any
         try:
             with self._request("/models", timeout=CONNECT_TIMEOUT_S) as response:
                 listing = json.loads(response.read() or b"{}")
@@ -84,14 +85,14 @@ class EndpointContender:
                 raise AuguryError(
                     f"endpoint {self.base} refused the request (HTTP {exc.code}); check --api-key"
                 ) from None
-            listing = {"status": exc.code}  # reachable; some servers do not list models
+            listing, status = {}, exc.code  # reachable; some servers do not list models
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise AuguryError(f"cannot reach endpoint {self.base}: {reason}") from None
         entries = [m for m in listing.get("data") or [] if isinstance(m, dict) and m.get("id")]
         if self.model is None:
             if not entries:
-                answer = f" (GET /models answered HTTP {listing['status']})" if "status" in listing else ""
+                answer = f" (GET /models answered HTTP {status})" if status is not None else ""
                 raise AuguryError(f"endpoint {self.base} lists no models{answer}; name one with --served-model")
             self.model = entries[0]["id"]
         self.llama_server = any(m.get("owned_by") == "llamacpp" for m in entries)
