@@ -482,6 +482,7 @@ def test_a_hybrids_matcher_draft_runs_past_a_short_plan():
     request = Request(tiny_model(vocab=8), [0, 1, 2], SamplingParams(max_tokens=40), hybrid)
     draft(hybrid, [request], [1], free_k=4)
     assert (request.draft.tokens, request.draft.bucket) == ([1, 2, 3, 4], 3)
+    assert matcher.proposed == 1  # the matcher is asked once, for the free length
     draft(hybrid, [request], [1])
     assert request.draft.tokens == [1]
     matcher.draft = []  # nothing matched: the model drafts, at the plan's K

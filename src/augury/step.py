@@ -124,8 +124,8 @@ def draft(proposer: Proposer, requests: list[Request], ks: list[int], free_k: in
 
     Starts a request's proposer on its first draft. Drafts for all of them in
     one batch where the proposer batches (one drafter forward per position).
-    free_k: how long a draft that cost nothing (a matcher's, `Draft.bucket` > 0,
-    from a proposer with `propose_free`: a hybrid's) may run whatever its k. A
+    free_k: how long a draft that costs nothing (a matcher's, from a proposer
+    with `propose_free`: a hybrid's) may run whatever its k. A
     planner's K prices a model's drafting rounds; cutting a hybrid's copied
     span to a K chosen for its model's would forgo free tokens (`Planner.trim`
     still decides how much of it is verified).
@@ -147,21 +147,16 @@ def draft(proposer: Proposer, requests: list[Request], ks: list[int], free_k: in
             request.started = True
     t1 = time.perf_counter()
     forwards = proposer.forwards
-    drafts = propose_batch(proposer, [r.seq for r, _ in live], [k for _, k in live])
+    free_ks = [min(free_k, r.draft_cap()) for r, _ in live] if free_k else None
+    drafts = propose_batch(proposer, [r.seq for r, _ in live], [k for _, k in live], free_ks)
     forwards = proposer.forwards - forwards  # each served every sequence drafted here
     t2 = time.perf_counter()
-    propose_free = getattr(proposer, "propose_free", None)
     for (request, _), proposed in zip(live, drafts):
-        free_cap = min(free_k, request.draft_cap())
-        if propose_free is not None and proposed.bucket and len(proposed) < free_cap:
-            longer = propose_free(request.seq, free_cap)
-            if longer.tokens[: len(proposed)] == proposed.tokens:
-                proposed = longer
         request.draft = proposed
         request.proposer_seen = len(request.seq.tokens)
         request.stats.draft_s += (t2 - t0) / len(live)
         request.stats.draft_forwards += forwards
-    longest = max(len(d) for d in drafts)
+    longest = max(min(len(d), k) for d, (_, k) in zip(drafts, live))  # past k a draft was free
     started_tokens = sum(len(r.seq.tokens) - start_offset(proposer, len(r.seq.tokens)) for r in started)
     return DraftRound(len(live), longest, t2 - t1, in_step, started_tokens, t1 - t0, forwards)
 

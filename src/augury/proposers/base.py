@@ -149,15 +149,24 @@ class Proposer(Protocol):
     # and `start_batch` below, which fall back to one call per sequence.
     # `propose_free(seq, k) -> Draft` drafts with only the part of a proposer
     # that runs no model (a hybrid's matcher), on steps the planner gave no
-    # draft; it must work on a sequence the proposer was never started for.
+    # draft; it must work on a sequence the proposer was never started for. Such
+    # a proposer's `propose_batch(seqs, ks, free_ks)` also takes how long each
+    # of its free drafts may run on a step it drafts anyway.
     # `prefill_batch(seqs, counts) -> list[int]` feeds a lazily started drafter
     # a piece of what it has not seen, drafting nothing (the batching
     # scheduler starts a drafter on a long prompt a piece per step with it).
 
 
-def propose_batch(proposer: Proposer, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-    """Drafts for several sequences: batched where the proposer can, one by one otherwise."""
+def propose_batch(proposer: Proposer, seqs: list[Sequence], ks: list[int],
+                  free_ks: list[int] | None = None) -> list[Draft]:
+    """Drafts for several sequences: batched where the proposer can, one by one otherwise.
+
+    free_ks: how long each draft may run where the proposer drafts it at no cost
+    (a proposer with `propose_free`, whose `propose_batch` takes them); ignored
+    by proposers without a free part."""
     batched = getattr(proposer, "propose_batch", None)
+    if batched is not None and free_ks is not None and hasattr(proposer, "propose_free"):
+        return batched(seqs, ks, free_ks)
     if batched is not None:
         return batched(seqs, ks)
     return [proposer.propose(seq, k) if k > 0 else Draft([]) for seq, k in zip(seqs, ks)]

@@ -98,10 +98,13 @@ class HybridProposer(ProposerBase):
         """How often a draft of this kind had its first token accepted; 1.0 for a kind not yet verified."""
         return (self.first_accepted[kind] + 1) / (self.first_tried[kind] + 1)
 
-    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+    def propose_batch(self, seqs: list[Sequence], ks: list[int], free_ks: list[int] | None = None) -> list[Draft]:
         """Matcher drafts where their kind is accepted at least as often as the model's; the model drafts
-        for the rest, in one batch."""
-        drafts = [self._matched(seq, k) if k > 0 else Draft([]) for seq, k in zip(seqs, ks)]
+        for the rest, in one batch. free_ks: how long a matcher draft may run (free: it costs nothing to
+        make, and `Planner.trim` decides how much of it is verified), where longer than ks; the model's
+        drafts keep ks, which price its rounds."""
+        caps = ks if free_ks is None else [max(k, free) if k > 0 else 0 for k, free in zip(ks, free_ks)]
+        drafts = [self._matched(seq, cap, k) if k > 0 else Draft([]) for seq, k, cap in zip(seqs, ks, caps)]
         fallback = []
         for i, (seq, k) in enumerate(zip(seqs, ks)):
             # A seeded request sampled by rejection takes any matcher draft long enough: its text must not
@@ -123,13 +126,14 @@ class HybridProposer(ProposerBase):
     def propose_free(self, seq: Sequence, k: int) -> Draft:
         """The matcher's draft where it is long enough, else none: what this proposer drafts at no cost,
         offered on steps the planner gave no draft (`step.draft_free`); the model part is never run."""
-        draft = self._matched(seq, k)
+        draft = self._matched(seq, k, k)
         if seq.id in self._started:
             self._kind[seq.id] = draft.bucket
         return draft
 
-    def _matched(self, seq: Sequence, k: int) -> Draft:
-        draft = self.matcher.propose(seq, k)
+    def _matched(self, seq: Sequence, cap: int, k: int) -> Draft:
+        """The matcher's draft of up to cap tokens where it has at least min(k, min_match_tokens)."""
+        draft = self.matcher.propose(seq, cap)
         return draft if len(draft) >= min(k, self.min_match_tokens) else Draft([])
 
     def on_step(self, seq: Sequence, result: VerifyResult, hidden=None) -> None:
