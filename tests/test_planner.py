@@ -403,3 +403,14 @@ def test_verification_is_priced_at_the_length_a_doubting_drafter_drafts():
     assert verify_time(costs, [odds, odds], [4, 1]) == pytest.approx(costs.target_time(2, 5))  # its widest draft
     assert verify_time(costs, [odds], [4], drafted=True) == pytest.approx(0.098)  # a made draft: its length
     assert plan_step(costs, [odds], [10], [None], k_max=4) == [4]
+
+
+def test_a_cost_curves_points_are_read_as_measured_until_the_run_measures_them():
+    """Zen 2's curve (1 token 49.7 ms, 2 tokens 51.2, then steep): read through a line, a plain step came
+    out at 38.6 ms; each point is its own value until this run's steps of that shape replace it."""
+    curve = {1: 49.7, 2: 51.2, 3: 68.3, 4: 83.8, 5: 97.5}
+    planner = Planner(4, batched=False, curve=curve)
+    assert [planner.costs.target_time(1, t) for t in curve] == pytest.approx([ms / 1e3 for ms in curve.values()])
+    for _ in range(5):
+        planner.costs.observe_target(1, 1, 0.060)
+    assert planner.costs.target_time(1, 1) == pytest.approx(0.060)
