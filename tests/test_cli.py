@@ -122,3 +122,22 @@ def test_models_pull_and_rm_take_known_names_only(capsys):
         assert main(["models", sub, "/tmp/x.gguf"]) == 2
         err = capsys.readouterr().err
         assert "unknown model '/tmp/x.gguf'" in err and "give a path" not in err
+
+
+def test_serve_says_when_the_kv_budget_is_more_than_the_context_holds(tmp_path, monkeypatch, capsys):
+    """A KV budget beyond max batch x context is capped at the context; serve says so instead of starting
+    with less than asked without a word (and says nothing where the budget fits)."""
+    import augury.server.running as running
+    from tests.test_train import tiny_target
+
+    started = []
+    monkeypatch.setattr(running, "serve", lambda app, host, port, **kw: started.append(port))
+    folder = tiny_target(tmp_path / "target")
+    base = ["serve", "--model", str(folder), "--draft-method", "plain", "--max-batch", "2", "--prefix-cache-gb", "0"]
+    assert main([*base, "--kv-budget-tokens", "100000000"]) == 0
+    err = capsys.readouterr().err
+    assert "--kv-budget-tokens 100000000 would give each of 2 rows 50000000 tokens, more than the model's context" in err
+    assert main([*base, "--kv-budget-tokens", "64"]) == 0
+    err = capsys.readouterr().err
+    assert "more than the model's context" not in err and "with up to 2 sequences of 32 tokens" in err
+    assert started == [8000, 8000]

@@ -208,6 +208,14 @@ def test_unreadable_or_empty_data_is_one_clear_error(target_dir, home, capsys):
                       "--corpus", "none", *QUICK)
         err = capsys.readouterr().err
         assert code == 2 and message in err, (path, err)
+        assert not (home / "h").exists()  # a run that failed before writing anything leaves no empty OUT/work/
+    kept = home / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("the user's own file")
+    assert _train("--model", str(target_dir), "--kind", "eagle", "--out", str(kept), "--data", str(cases[0][0]),
+                  "--corpus", "none", *QUICK) == 2
+    capsys.readouterr()
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]  # its folder stays, the empty work/ goes
     assert _train("--model", str(target_dir), "--kind", "eagle", "--out", str(home / "h"), "--corpus", "none",
                   *QUICK) == 2
     assert "--corpus none needs --data" in capsys.readouterr().err

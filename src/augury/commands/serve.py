@@ -225,6 +225,10 @@ def run_serve(args: argparse.Namespace) -> int:
         print("augury: note: bound to every interface, but only requests with Host 127.0.0.1, localhost or [::1] "
               "are answered; add --allow-host NAME for the name clients use (or '*' behind a proxy that checks it)",
               file=sys.stderr)
+    if args.kv_budget_tokens is not None and scheduler.capacity < args.kv_budget_tokens // args.max_batch:
+        print(f"augury: note: --kv-budget-tokens {args.kv_budget_tokens} would give each of {args.max_batch} rows "
+              f"{args.kv_budget_tokens // args.max_batch} tokens, more than the model's context: each holds "
+              f"{scheduler.capacity}", file=sys.stderr)
     drafting = "plain decoding" if proposer is None else f"{args.draft_method} drafting, K up to {args.k}"
     print(
         f"augury: serving {config.model_name} ({drafting}) on http://{args.host}:{args.port} "

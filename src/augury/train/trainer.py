@@ -305,27 +305,20 @@ def train(
     corpus = corpus or CorpusPlan()
     torch_device = torch.device(device)
     out = Path(out).expanduser()
+    fresh = [folder for folder in (out, out / WORK) if not folder.exists()]
     work = prepare_out(out, resume)
     target_info = target_description(target)
-    manifest_path = work / MANIFEST
     if resume:
         manifest = resumed_manifest(work, target_info, config, out)
         config = HeadConfig.from_dict(manifest["config"])
         log(f"resuming: {len(manifest['shards'])} feature shards, {manifest['tokens']} tokens")
-    elif features_from is not None:
-        manifest = borrowed_manifest(Path(features_from).expanduser(), target_info, config)
-        _write_manifest(manifest_path, manifest)
-        log(f"training on the states collected in {features_from}: {len(manifest['shards'])} feature shards, "
-            f"{manifest['tokens']} tokens")
     else:
-        got = collect_corpus(target, config, work, corpus, seq_len=plan.seq_len, topk=plan.topk, seed=plan.seed,
-                             deadline=t_start + budget * corpus.share, progress=progress)
-        manifest = {"target": target_info, "config": config.to_dict(), "shards": [p.name for p in got.shards],
-                    "sources": got.sources, "tokens": got.tokens, "sequences": got.sequences,
-                    "collect_seconds": got.seconds, "tokens_per_hour": got.rates}
-        _write_manifest(manifest_path, manifest)
-        log(f"collected {got.tokens} tokens ({got.sequences} sequences) in {got.seconds:.0f} s; "
-            f"tokens an hour: {got.rates}")
+        try:
+            manifest = _new_manifest(target, target_info, config, work, corpus, plan, features_from,
+                                     deadline=t_start + budget * corpus.share, progress=progress, log=log)
+        except BaseException:
+            _remove_if_empty(fresh)  # a run that failed before it wrote anything leaves no empty OUT/work/
+            raise
 
     data = feats.load([work / name for name in manifest["shards"]])
     train_ids, held_ids = split(data, plan.holdout)
@@ -415,6 +408,36 @@ def train(
                    alpha_untrained=untrained["alpha"], tau=measured["tau"], tokens=manifest["tokens"],
                    sequences=manifest["sequences"], disk_bytes=disk, tokens_seen=seen, curve=curve,
                    rates={**(manifest.get("tokens_per_hour") or {}), "train_tokens_per_second": rate})
+
+
+def _new_manifest(target: Model, target_info: dict, config: HeadConfig, work: Path, corpus: CorpusPlan,
+                  plan: TrainPlan, features_from: Path | None, *, deadline: float, progress: bool, log) -> dict:
+    """The states a new run trains on: another run's (features_from) or collected now, their manifest written."""
+    manifest_path = work / MANIFEST
+    if features_from is not None:
+        manifest = borrowed_manifest(Path(features_from).expanduser(), target_info, config)
+        _write_manifest(manifest_path, manifest)
+        log(f"training on the states collected in {features_from}: {len(manifest['shards'])} feature shards, "
+            f"{manifest['tokens']} tokens")
+        return manifest
+    got = collect_corpus(target, config, work, corpus, seq_len=plan.seq_len, topk=plan.topk, seed=plan.seed,
+                         deadline=deadline, progress=progress)
+    manifest = {"target": target_info, "config": config.to_dict(), "shards": [p.name for p in got.shards],
+                "sources": got.sources, "tokens": got.tokens, "sequences": got.sequences,
+                "collect_seconds": got.seconds, "tokens_per_hour": got.rates}
+    _write_manifest(manifest_path, manifest)
+    log(f"collected {got.tokens} tokens ({got.sequences} sequences) in {got.seconds:.0f} s; "
+        f"tokens an hour: {got.rates}")
+    return manifest
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    """Remove these folders (innermost last in the list) where they hold nothing; a folder with any file is kept."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _read_checkpoint(path: Path) -> dict | None:
