@@ -64,6 +64,9 @@ def test_demo_refuses_fewer_than_one_run_before_loading_anything(capsys):
     (["generate", "-t", "1", "--seed", str(2**64), "hi"], "seed must be an integer in [-2**63, 2**64)"),
     (["generate", "-t", "1", "--seed", str(-(2**63) - 1), "hi"], "seed must be an integer in [-2**63, 2**64)"),
     (["generate", "-n", "2000000000", "hi"], "max_tokens must be an integer in [1, "),
+    (["generate", "--draft-method", "plain", "--k", "4", "hi"], "--k is not an option of plain decoding"),
+    (["serve", "--draft-method", "plain", "--fixed-k"], "--fixed-k is not an option of plain decoding"),
+    (["serve", "--draft-method", "plain", "--k=2", "--fixed-k"], "--k and --fixed-k are not options of plain"),
 ])
 def test_bad_input_is_one_line_before_any_model_loads(capsys, argv, message):
     assert main([*argv, "--offline"]) == 2

@@ -433,3 +433,25 @@ def test_a_malformed_endpoint_url_is_named_for_what_is_wrong_with_it(url, messag
     with pytest.raises(AuguryError, match=message):
         api_base(url)
     assert api_base("http://127.0.0.1:8080/v1/chat/completions") == "http://127.0.0.1:8080/v1"
+
+
+def test_drafting_options_reach_the_spec_on_server_only(capsys):
+    """`loadtest --k 3 --draft NAME`: the drafting server gets both; the plain server gets neither, since
+    plain decoding refuses drafting options (it exited at start with '--draft is not an option of plain
+    decoding')."""
+    import argparse
+
+    from augury.bench.server_process import serve_argv
+    from augury.commands import loadtest
+
+    parser = argparse.ArgumentParser()
+    loadtest.register(parser.add_subparsers())
+    args = parser.parse_args(["loadtest", "--model", "no-such-model", "--k", "3", "--draft", "some-drafter"])
+    shared, drafting = loadtest._serve_args(args, max_batch=4), loadtest._draft_args(args)
+    spec_on = serve_argv(shared, 8001, "model", drafting)
+    assert spec_on[spec_on.index("--k") + 1] == "3" and spec_on[spec_on.index("--draft") + 1] == "some-drafter"
+    plain = serve_argv(shared, 8000, "plain", drafting)
+    assert "--k" not in plain and "--draft" not in plain
+    assert main(plain[plain.index("serve"):] + ["--offline"]) == 2  # refused for its model, not its options
+    err = capsys.readouterr().err
+    assert "no-such-model" in err and "not an option" not in err, err

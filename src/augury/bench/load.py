@@ -149,6 +149,7 @@ def run_load(
     min_requests: int = 0,
     repeats: int = 1,
     chat_turns: int = 0,
+    draft_args: Sequence[str] = (),
 ) -> LoadReport:
     """Every level on every server (alternating which goes first), plus the concurrency-1 references,
     then `chat_turns`-turn conversations on each server alone (`augury.bench.chats`; 0: none).
@@ -240,7 +241,7 @@ def run_with_servers(
             second = free_port()
         ports = {SPEC_OFF: first, SPEC_ON: second}
     methods = {SPEC_OFF: "plain", SPEC_ON: "model"}
-    servers = {s: ServerProcess(LABELS[s], serve_argv(serve_args, ports[s], methods[s]), ports[s]) for s in ports}
+    servers = {s: ServerProcess(LABELS[s], serve_argv(serve_args, ports[s], methods[s], draft_args), ports[s]) for s in ports}
     try:
         for server in servers.values():  # both load their models at once
             server.start()

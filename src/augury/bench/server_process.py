@@ -14,6 +14,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from augury.errors import AuguryError
@@ -124,7 +125,9 @@ class ServerProcess:
             self._stderr = None
 
 
-def serve_argv(serve_args: list[str], port: int, draft_method: str) -> list[str]:
-    """The command line of one `augury serve` subprocess (this interpreter, this augury)."""
-    return [sys.executable, "-m", "augury.cli", "serve", *serve_args, "--draft-method", draft_method,
+def serve_argv(serve_args: list[str], port: int, draft_method: str, draft_args: Sequence[str] = ()) -> list[str]:
+    """The command line of one `augury serve` subprocess (this interpreter, this augury). draft_args (--k,
+    --draft) go to a drafting server only: plain decoding refuses drafting options."""
+    drafting = list(draft_args) if draft_method != "plain" else []
+    return [sys.executable, "-m", "augury.cli", "serve", *serve_args, *drafting, "--draft-method", draft_method,
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--queue-timeout", "0"]

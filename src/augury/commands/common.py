@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from augury.errors import AuguryError
 from augury.models.store import DEFAULT_TARGET
 from augury.proposers.options import DEFAULT_METHOD
 from augury.sampling import GREEDY_BELOW, SamplingParams
@@ -41,7 +42,8 @@ def add_draft_args(parser: argparse.ArgumentParser, *, default_method: str | Non
         g.add_argument("--draft-method", default=default_method,
                        help=f"plain (no speculation) or one of: {', '.join(method_names()[1:])} "
                        f"(default {default_method})")
-    g.add_argument("--k", type=int, default=4, help="draft length K: tokens proposed per step at most (default 4)")
+    g.add_argument("--k", type=int, default=4, action=_Given,
+                   help="draft length K: tokens proposed per step at most (default 4)")
     g.add_argument("--fixed-k", action="store_true",
                    help="always draft --k tokens (default: K or a plain step per step, from measured costs)")
     readers: dict[str, list[str]] = {}
@@ -61,6 +63,15 @@ def add_draft_args(parser: argparse.ArgumentParser, *, default_method: str | Non
             shown = "default " + ", ".join(f"{v} for {n}" for n, v in defaults.items())
         groups[key].add_argument(flag(field_name), dest=f"opt_{field_name}", type=fields[0].metadata["type"],
                                  default=argparse.SUPPRESS, help=f"{fields[0].metadata['help']} ({shown})")
+
+
+class _Given(argparse.Action):
+    """Stores the value and notes that the flag was given (`args.given_flags`): a default cannot be told
+    from the same value typed."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given_flags = {*getattr(namespace, "given_flags", ()), option_string}
 
 
 def given_draft_options(args: argparse.Namespace) -> dict[str, object]:
@@ -108,6 +119,12 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 
 def load_from_args(args: argparse.Namespace, load):
     """`augury.load` with the model, drafting and method-option flags (generate and serve load alike)."""
+    if args.draft_method == "plain":
+        unread = [name for name in ("--k", "--fixed-k") if name in getattr(args, "given_flags", ())
+                  or (name == "--fixed-k" and args.fixed_k)]
+        if unread:
+            raise AuguryError(f"{' and '.join(unread)} {'is' if len(unread) == 1 else 'are'} not "
+                              f"{'an option' if len(unread) == 1 else 'options'} of plain decoding (it drafts nothing)")
     options = {k: v for k, v in given_draft_options(args).items() if k not in ("dtype", "device", "offline")}
     return load(args.model, draft_method=args.draft_method, k=args.k, dtype=args.dtype, device=args.device,
                 offline=args.offline, exact=args.exact, weights=args.weights, adaptive=not args.fixed_k, **options)

@@ -127,13 +127,16 @@ def _check_args(args: argparse.Namespace) -> list[int]:
     return levels
 
 
+def _draft_args(args: argparse.Namespace) -> list[str]:
+    """The spec-on server's drafting options (the plain one refuses them)."""
+    return ["--k", str(args.k)] + (["--draft", args.draft] if args.draft is not None else [])
+
+
 def _serve_args(args: argparse.Namespace, max_batch: int) -> list[str]:
-    """The options both servers share; the draft options are ignored by the plain one."""
-    argv = ["--model", args.model, "--dtype", args.dtype, "--device", args.device, "--k", str(args.k),
+    """The options both servers share."""
+    argv = ["--model", args.model, "--dtype", args.dtype, "--device", args.device,
             "--max-batch", str(max_batch), "--kv-budget-tokens", str(max_batch * args.seq_tokens),
             "--max-tokens-limit", str(args.max_tokens)]
-    if args.draft is not None:
-        argv += ["--draft", args.draft]
     if args.prefix_cache_gb is not None:
         argv += ["--prefix-cache-gb", str(args.prefix_cache_gb)]
     if args.prefill_chunk is not None:
@@ -170,7 +173,7 @@ def run_loadtest(args: argparse.Namespace) -> int:
         _serve_args(args, max_batch), prompts, levels, args.requests_per_client, args.max_tokens,
         port=args.port, startup_timeout=args.startup_timeout, progress=progress, min_requests=args.min_requests,
         repeats=args.repeats, endpoints=endpoints, endpoint_pids=pids, start_augury=not args.endpoint_only,
-        chat_turns=args.chat_turns,
+        chat_turns=args.chat_turns, draft_args=_draft_args(args),
     )
     report.prompt_ids = [p.id for p in suite.prompts]
     report.settings = {
