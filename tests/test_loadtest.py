@@ -455,3 +455,25 @@ def test_drafting_options_reach_the_spec_on_server_only(capsys):
     assert main(plain[plain.index("serve"):] + ["--offline"]) == 2  # refused for its model, not its options
     err = capsys.readouterr().err
     assert "no-such-model" in err and "not an option" not in err, err
+
+
+def test_the_command_runs_end_to_end_against_an_endpoint(tmp_path):
+    """`augury loadtest --endpoint URL --endpoint-only` from the command line through the report file: the
+    options reach the load run as the runner takes them (a keyword it did not take was a traceback)."""
+    import json
+
+    from tests.fake_openai import fake_openai
+
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:2]))
+    out = tmp_path / "load.json"
+    usage = {"usage": {"completion_tokens": 3, "prompt_tokens": 7}}
+    with fake_openai({"data": [{"id": "m"}]}, usage, []) as base:
+        code = main(["loadtest", "--endpoint", base, "--endpoint-only", "--suite", str(suite), "--concurrency", "1,2",
+                     "--requests-per-client", "1", "--min-requests", "0", "--max-tokens", "5", "--k", "3",
+                     "--out", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["augury_servers"] is False and report["settings"]["k"] == 3
+    assert [level["endpoint"]["concurrency"] for level in report["levels"]] == [1, 2], report["levels"]
+    assert report["responses_compared"] == 3 and not report["mismatches"]

@@ -149,7 +149,6 @@ def run_load(
     min_requests: int = 0,
     repeats: int = 1,
     chat_turns: int = 0,
-    draft_args: Sequence[str] = (),
 ) -> LoadReport:
     """Every level on every server (alternating which goes first), plus the concurrency-1 references,
     then `chat_turns`-turn conversations on each server alone (`augury.bench.chats`; 0: none).
@@ -213,6 +212,7 @@ def run_with_servers(
     endpoint_pids: dict[str, int] | None = None,
     start_augury: bool = True,
     chat_turns: int = 0,
+    draft_args: Sequence[str] = (),
 ) -> LoadReport:
     """Start the spec-off and spec-on servers, run the load, and stop both whatever happens.
 
