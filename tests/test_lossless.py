@@ -118,8 +118,8 @@ class DraftRecorder:
     def propose(self, seq: Sequence, k: int) -> Draft:
         return self._record([seq], lambda: [self.inner.propose(seq, k)])[0]
 
-    def _record_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        return self._record(seqs, lambda: propose_batch(self.inner, seqs, ks))
+    def _record_batch(self, seqs: list[Sequence], ks: list[int], free_ks: list[int] | None = None) -> list[Draft]:
+        return self._record(seqs, lambda: propose_batch(self.inner, seqs, ks, free_ks))
 
     def _record(self, seqs: list[Sequence], run) -> list[Draft]:
         states = [seq.generator.get_state() for seq in seqs]
