@@ -120,8 +120,8 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 def load_from_args(args: argparse.Namespace, load):
     """`augury.load` with the model, drafting and method-option flags (generate and serve load alike)."""
     if args.draft_method == "plain":
-        unread = [name for name in ("--k", "--fixed-k") if name in getattr(args, "given_flags", ())
-                  or (name == "--fixed-k" and args.fixed_k)]
+        given = {"--k": "--k" in getattr(args, "given_flags", ()), "--fixed-k": args.fixed_k}
+        unread = [name for name, was_given in given.items() if was_given]
         if unread:
             raise AuguryError(f"{' and '.join(unread)} {'is' if len(unread) == 1 else 'are'} not "
                               f"{'an option' if len(unread) == 1 else 'options'} of plain decoding (it drafts nothing)")

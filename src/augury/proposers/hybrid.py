@@ -103,7 +103,7 @@ class HybridProposer(ProposerBase):
         for the rest, in one batch. free_ks: how long a matcher draft may run (free: it costs nothing to
         make, and `Planner.trim` decides how much of it is verified), where longer than ks; the model's
         drafts keep ks, which price its rounds."""
-        caps = ks if free_ks is None else [max(k, free) if k > 0 else 0 for k, free in zip(ks, free_ks)]
+        caps = ks if free_ks is None else [max(k, free) for k, free in zip(ks, free_ks)]
         drafts = [self._matched(seq, cap, k) if k > 0 else Draft([]) for seq, k, cap in zip(seqs, ks, caps)]
         fallback = []
         for i, (seq, k) in enumerate(zip(seqs, ks)):
