@@ -46,7 +46,7 @@ from augury.request import Request
 from augury.step import DraftRound, StepReport
 from augury.step_costs import ShapeCosts, StepCosts
 
-__all__ = ["DraftOdds", "DraftTally", "Planner", "ProbeTimer", "ShapeCosts", "StepCosts", "plan_step"]
+__all__ = ["DraftOdds", "DraftTally", "Planner", "ProbeTimer", "ShapeCosts", "StepCosts", "fit_rows", "plan_step"]
 
 
 class ProbeTimer:
@@ -130,6 +130,20 @@ def plan_step(
         if rate > needed:
             best, best_rate = ks, rate
     return best
+
+
+def fit_rows(lengths: Sequence[int], fixed: Sequence[bool], rows: int) -> list[int]:
+    """Draft lengths cut, the longest first, until the blocks they make the target verify (each draft and
+    the target's own token) hold at most `rows` rows; a fixed one (a seeded request sampled by rejection,
+    whose text depends on its draft's length) is never cut, so the rows may still exceed `rows`."""
+    out = list(lengths)
+    while sum(n + 1 for n in out) > rows:
+        cuttable = [i for i, n in enumerate(out) if n > 0 and not fixed[i]]
+        if not cuttable:
+            break
+        longest = max(cuttable, key=lambda i: out[i])
+        out[longest] -= 1
+    return out
 
 
 def verify_time(costs: StepCosts, odds: list[DraftOdds], ks: list[int], *, drafted: bool = False) -> float:
@@ -283,6 +297,17 @@ class Planner:
         if decode_rows == 0:
             return limit
         return min(limit, max(self.MIN_PROMPT_PIECE, self.step_rows(limit) - decode_rows))
+
+    def rows_within(self, seconds: float, limit: int) -> int:
+        """The most activation rows (decode rows, drafted tokens and prompt pieces together) a target forward
+        may hold for its measured cost against its rows (`step_rows`' line) to stay within `seconds`: at
+        most `limit`, at least 1 (a step too slow alone still runs), `limit` until two forward sizes were
+        measured. A server's --max-step-ms: the rows a step may hold so each stream's time per token stays
+        under it."""
+        fixed, per_row = self.costs.rows.line()
+        if per_row <= 0.0:
+            return limit
+        return max(1, min(limit, math.floor((seconds - fixed) / per_row + 1e-9)))
 
     def expected_gain(self, requests: list[Request], k: int | None = None) -> float:
         """Predicted tokens per second drafting k (default the current plan's) over plain decoding's, from the

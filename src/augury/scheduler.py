@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -47,7 +48,7 @@ from augury.batch_draft import BatchDrafter
 from augury.cache import KVCache
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.planner import Planner
+from augury.planner import Planner, fit_rows
 from augury.prefix_cache import PrefixCache, free_memory, kv_bytes_per_token
 from augury.proposers.base import Proposer, batches
 from augury.request import Request, TokenLogprob
@@ -81,6 +82,15 @@ def _cost_curve(target: Model) -> dict[int, float] | None:
         return None
 
 
+def _rows_curve(target: Model) -> dict[int, float]:
+    """The target's forward milliseconds at a few row counts, measured now (a few seconds for a 1.5B model on
+    two cores): what a step of n rows costs, before the server's own steps have measured it."""
+    from augury.costs import QUICK_CONTEXT, QUICK_REPEATS, forward_curve
+
+    context = max(1, min(QUICK_CONTEXT, target.config.context_length - 16))
+    return forward_curve(target, context, [1, 2, 4, 8], repeats=QUICK_REPEATS)
+
+
 class Scheduler:
     """Continuous batching over one target model and an optional proposer (see the module doc)."""
 
@@ -93,9 +103,14 @@ class Scheduler:
         self.proposer = proposer
         self.config = config
         k_max = check_k(config.k) if proposer is not None else 0
+        if config.max_step_ms is not None and not (math.isfinite(config.max_step_ms) and config.max_step_ms > 0):
+            raise AuguryError(f"max step time must be a positive number of milliseconds, got {config.max_step_ms}")
+        curve = _cost_curve(target)
+        if config.max_step_ms is not None and len(curve or ()) < 2:
+            curve = _rows_curve(target)  # a bound on the step needs its cost against its rows from the start
         self.planner = Planner(
             k_max, batched=proposer is not None and batches(proposer), free_drafts=getattr(proposer, "drafts_free", False),
-            adaptive=config.adaptive_k, probe_every=config.probe_every, curve=_cost_curve(target),
+            adaptive=config.adaptive_k, probe_every=config.probe_every, curve=curve,
         )
         if config.prefill_chunk is not None and (not isinstance(config.prefill_chunk, int) or config.prefill_chunk < 0):
             raise AuguryError(f"prefill chunk must be a whole number of tokens >= 0, got {config.prefill_chunk}")
@@ -264,7 +279,7 @@ class Scheduler:
                         self._lock.wait()
                     if self._stopping:
                         break
-                    free = self.config.max_batch - len(self._running)
+                    free = self.seats - len(self._running)
                     admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
                 for ticket in admitted:
                     self._admit(ticket)
@@ -334,7 +349,13 @@ class Scheduler:
         decoding = [t for t in self._running if not t.request.prefilling]
         t0 = time.perf_counter()
         if decoding:
-            self.drafter.draft(decoding, self.planner.plan([t.request for t in decoding]))
+            ks = self.planner.plan([t.request for t in decoding])
+            room = self._draft_rows(len(self._running) - len(decoding))
+            if room is not None:
+                ks = fit_rows(ks, [t.request.params.load_dependent for t in decoding], room)
+            self.drafter.draft(decoding, ks)
+            if room is not None:
+                self._fit_drafts([t for t in decoding if t.request is not None], room)
         if not self._running:
             return
         draft_s = time.perf_counter() - t0
@@ -383,8 +404,41 @@ class Scheduler:
 
     def _step_budget(self, decode_rows: int) -> int:
         """Prompt tokens (the target's pieces, and a drafter's) a step beside decode_rows rows may feed: the fixed
-        --prefill-chunk, else the planner's from measured costs."""
-        return self.config.prefill_chunk or self.planner.prompt_budget(decode_rows, self.piece_limit)
+        --prefill-chunk, else the planner's from measured costs; under --max-step-ms no more than the rows left
+        (at least one token, so that prompts keep entering)."""
+        budget = self.config.prefill_chunk or self.planner.prompt_budget(decode_rows, self.piece_limit)
+        rows = self._step_rows()
+        return budget if rows is None else max(1, min(budget, rows - decode_rows))
+
+    # -- --max-step-ms: a bound on each stream's time per token ---------------------------------
+
+    def _step_rows(self) -> int | None:
+        """Rows a step may hold to take at most --max-step-ms by the measured costs (None: no bound)."""
+        if self.config.max_step_ms is None:
+            return None
+        limit = self.config.max_batch * (self.planner.k_max + 1) + self.piece_limit
+        return self.planner.rows_within(self.config.max_step_ms / 1000.0, limit)
+
+    @property
+    def seats(self) -> int:
+        """Sequences that may run at once: --max-batch, and under --max-step-ms no more than a step's rows
+        (one each); the rest wait in the queue, which is where the bound's price is paid."""
+        rows = self._step_rows()
+        return self.config.max_batch if rows is None else min(self.config.max_batch, rows)
+
+    def _draft_rows(self, prefilling: int) -> int | None:
+        """Rows the decoding sequences' blocks may hold under --max-step-ms, a row kept for each prompt
+        being prefilled (None: no bound)."""
+        rows = self._step_rows()
+        return None if rows is None else rows - prefilling
+
+    def _fit_drafts(self, decoding: list[Ticket], rows: int) -> None:
+        """Cut the drafts (after `Planner.trim`) to what `rows` rows verify; those of seeded requests sampled
+        by rejection stay whole (their text depends on their length)."""
+        requests = [t.request for t in decoding]
+        keep = fit_rows([len(r.draft) for r in requests], [r.params.load_dependent for r in requests], rows)
+        for request, k in zip(requests, keep):
+            request.draft = request.draft.truncated(k)
 
     def _give_pieces(self, prefilling: list[Request], decode_rows: int) -> None:
         """How many prompt tokens each prompt being prefilled feeds this step (`Request.piece`).

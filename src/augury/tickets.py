@@ -77,6 +77,11 @@ class SchedulerConfig:
     # (Scheduler._prompts_in_pieces), else whole prompts; 0: every prompt prefilled whole, alone, at
     # admission (also where the decoder has no ragged rows, Decoder.ragged).
     prefill_chunk: int | None = None
+    # The milliseconds a step is planned to take at most, by the target's measured cost against its rows
+    # (`Planner.rows_within`): sequences past what fits wait in the queue, drafts and prompt pieces are
+    # cut to fit. A bound on each stream's time per token, paid for in time to first token under load.
+    # None: no bound (as many sequences as max_batch, the most tokens per second).
+    max_step_ms: float | None = None
 
     def seq_capacity(self, context_length: int) -> int:
         """Tokens (prompt + output) one sequence may hold: its row of the pool."""

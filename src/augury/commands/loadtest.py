@@ -41,6 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--prefill-chunk", default=None, metavar="N|auto",
                    help="each augury server's prompt tokens per step beside the decode rows (serve's --prefill-chunk; "
                    "0: prompts prefilled whole at admission; default serve's)")
+    g.add_argument("--max-step-ms", type=float, default=None, metavar="MS",
+                   help="each augury server's bound on a step's time (serve's --max-step-ms; default none)")
     g.add_argument("--port", type=int, default=0,
                    help="spec off on PORT, spec on on PORT+1 (default 0: free ephemeral ports)")
     g.add_argument("--startup-timeout", type=float, default=600.0,
@@ -109,6 +111,9 @@ def _check_args(args: argparse.Namespace) -> list[int]:
         from augury.commands.serve import prefill_chunk
 
         prefill_chunk(args.prefill_chunk)
+    from augury.commands.serve import max_step_ms
+
+    max_step_ms(args.max_step_ms)
     if args.endpoint is None:
         for flag in ("endpoint_pid", "endpoint_api_key", "endpoint_model"):
             if getattr(args, flag) is not None:
@@ -141,6 +146,8 @@ def _serve_args(args: argparse.Namespace, max_batch: int) -> list[str]:
         argv += ["--prefix-cache-gb", str(args.prefix_cache_gb)]
     if args.prefill_chunk is not None:
         argv += ["--prefill-chunk", str(args.prefill_chunk)]
+    if args.max_step_ms is not None:
+        argv += ["--max-step-ms", str(args.max_step_ms)]
     if args.offline:
         argv.append("--offline")
     if not args.exact:
@@ -183,6 +190,7 @@ def run_loadtest(args: argparse.Namespace) -> int:
         "max_tokens": args.max_tokens, "temperature": 0.0, "endpoint": args.endpoint,
         "endpoint_label": args.endpoint_label if args.endpoint else None, "augury_servers": not args.endpoint_only,
         "chat_turns": args.chat_turns, "prefix_cache_gb": args.prefix_cache_gb, "prefill_chunk": args.prefill_chunk,
+        "max_step_ms": args.max_step_ms,
     }
     print(report.markdown(), end="")
     if args.out is not None:

@@ -59,6 +59,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "stalls them for its whole prefill (default auto: the planner's budget from measured costs; 0: every "
         "prompt prefilled whole, alone, as it is admitted)",
     )
+    g.add_argument(
+        "--max-step-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="plan each step (decode rows, drafts and prompt pieces) to take at most MS milliseconds by the "
+        "target's measured costs, a bound on every stream's time per output token: sequences past what fits "
+        "wait in the queue (a longer time to first token under load). Default: no bound (up to --max-batch "
+        "sequences at once, the most tokens per second)",
+    )
     g.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask (default 4096)")
     g.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt accepted (default: what fits)")
     g.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024, help="largest request body (default 2 MiB)")
@@ -113,6 +123,7 @@ def _check_args(args: argparse.Namespace) -> None:
             raise AuguryError(f"--{name.replace('_', '-')} is too short: {getattr(args, name)} s")
     prefix_cache_bytes(args.prefix_cache_gb)
     prefill_chunk(args.prefill_chunk)
+    max_step_ms(args.max_step_ms)
     for origin in args.allow_origin:
         if origin != "*" and not origin.startswith(("http://", "https://")):
             raise AuguryError(f"--allow-origin takes scheme://host[:port] (e.g. http://localhost:3000), got {origin!r}")
@@ -140,6 +151,13 @@ def prefill_chunk(text: str) -> int | None:
         raise AuguryError(f"--prefill-chunk takes a whole number of tokens or 'auto', got {text!r}") from None
     if value < 0:
         raise AuguryError(f"--prefill-chunk must be >= 0 (0 disables chunking), got {value}")
+    return value
+
+
+def max_step_ms(value: float | None) -> float | None:
+    """--max-step-ms as SchedulerConfig.max_step_ms: None, or a finite number of milliseconds > 0 (one-line errors)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise AuguryError(f"--max-step-ms must be a positive number of milliseconds, got {value}")
     return value
 
 
@@ -202,6 +220,7 @@ def run_serve(args: argparse.Namespace) -> int:
             adaptive_k=not args.fixed_k,
             prefix_cache_bytes=prefix_cache_bytes(args.prefix_cache_gb),
             prefill_chunk=prefill_chunk(args.prefill_chunk),
+            max_step_ms=max_step_ms(args.max_step_ms),
         ),
     )
     config = ServerConfig(
@@ -230,6 +249,9 @@ def run_serve(args: argparse.Namespace) -> int:
               f"{args.kv_budget_tokens // args.max_batch} tokens, more than the model's context: each holds "
               f"{scheduler.capacity}", file=sys.stderr)
     drafting = "plain decoding" if proposer is None else f"{args.draft_method} drafting, K up to {args.k}"
+    if args.max_step_ms is not None:
+        print(f"augury: steps planned within {args.max_step_ms:g} ms: {scheduler.seats} sequences at once by "
+              "the measured costs now (it follows the costs as they are measured)", file=sys.stderr)
     print(
         f"augury: serving {config.model_name} ({drafting}) on http://{args.host}:{args.port} "
         f"with up to {args.max_batch} sequences of {scheduler.capacity} tokens",

@@ -1,0 +1,122 @@
+"""--max-step-ms: a step planned to take at most a given time, a bound on every stream's time per token.
+
+Under load a step holds a row for every running stream, every drafted token
+and every prompt piece, and on a CPU each row costs real time (a 16-row step
+of the 1.5B is 4.8x a 1-row one on an AVX2 Zen 2, docs/benchmarks.md 25a). The
+bound turns the target's measured cost against its rows into the rows a step
+may hold: streams past them wait in the queue, drafts and prompt pieces are
+cut to fit. The tests count rows, not wall time: the cost line is fixed, and
+each forward's rows are recorded as it runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import augury.scheduler as scheduler_module
+from augury.engine import Engine
+from augury.errors import AuguryError
+from augury.kernels import extension as ext_module
+from augury.planner import Planner, fit_rows
+from augury.sampling import SamplingParams
+from augury.scheduler import Scheduler, SchedulerConfig
+from tests.native_tiny import VOCAB, native_model
+from tests.proposer_cases import PROPOSER_CASES, make_proposer
+from tests.test_chunked_prefill import Rows
+from tests.tiny import run_scheduler
+
+# A forward costs 8 ms + 2 ms a row: 14 ms hold 3 rows, 16 ms 4.
+CURVE = {rows: 8.0 + 2.0 * rows for rows in (1, 2, 4, 8)}
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_rows_within_a_time_follow_the_measured_line():
+    planner = Planner(4, batched=True, curve=CURVE)
+    assert [planner.rows_within(ms / 1000, 64) for ms in (14, 15.9, 16, 40)] == [3, 3, 4, 16]
+    assert planner.rows_within(0.001, 64) == 1, "a step too slow alone still runs one row"
+    assert planner.rows_within(1.0, 10) == 10
+    assert Planner(4, batched=True).rows_within(0.001, 12) == 12, "no bound before any cost was measured"
+
+
+def test_drafts_are_cut_longest_first_and_never_a_fixed_one():
+    assert fit_rows([3, 2, 1], [False] * 3, 6) == [1, 1, 1]
+    assert fit_rows([3, 2, 1], [False] * 3, 20) == [3, 2, 1]
+    assert fit_rows([4, 4, 0], [False, True, False], 6) == [0, 4, 0], "a seeded rejection draft was cut"
+
+
+def test_a_bad_bound_is_one_line(capsys):
+    target = native_model("qwen2", seed=5)
+    for bad in (0.0, -5.0, float("nan"), float("inf")):
+        with pytest.raises(AuguryError, match="max step time"):
+            Scheduler(target, None, SchedulerConfig(max_step_ms=bad))
+    from augury.cli import main
+
+    for value in ("0", "-1", "nan"):
+        assert main(["serve", "--model", "nothing-here", "--max-step-ms", value]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--max-step-ms" in err[0], err
+
+
+@pytest.fixture
+def bounded(monkeypatch):
+    """A scheduler factory whose step costs are CURVE's line for the whole run (the tiny model's own steps,
+    microseconds, would otherwise move it), on a target whose forwards' rows are recorded."""
+    if ext_module.extension() is None:
+        pytest.skip("the GGUF kernel extension cannot be built here: no native layer, no ragged rows")
+    import augury.costs
+
+    monkeypatch.setattr(augury.costs, "prefill_rates", lambda model: (100.0, 100.0))  # prompts in pieces
+    monkeypatch.setattr(scheduler_module, "_cost_curve", lambda target: CURVE)
+    model = native_model("qwen2", seed=5)
+    rows = model.decoder = Rows(model.decoder)
+
+    def make(proposer=None, **config) -> Scheduler:
+        scheduler = Scheduler(model, proposer, SchedulerConfig(**config))
+        scheduler.planner.costs.rows.observe = lambda *args: None
+        return scheduler
+
+    return model, rows, make
+
+
+@pytest.mark.parametrize("bound", [None, 14.0])
+def test_under_the_bound_no_step_holds_more_rows_than_fit_and_the_text_is_the_same(bound, bounded):
+    """Six requests on six rows, prompts from 2 to 90 tokens (past the 64-token row-attention limit, so
+    they enter in pieces). Bounded at 14 ms, at most 3 rows a forward (streams, pieces, both), and each
+    request's text is what it gets alone; unbounded, forwards hold all six (the check can fail)."""
+    model, rows, make = bounded
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    prompts = [tokens(n, seed=n) for n in (2, 9, 30, 64, 5, 90)]
+    alone = [run_scheduler(make(max_batch=1), [(p, params)])[0].token_ids for p in prompts]
+    rows.forwards.clear()
+    scheduler = make(max_batch=6, max_step_ms=bound)
+    got = [r.token_ids for r in run_scheduler(scheduler, [(p, params) for p in prompts])]
+    assert got == alone, "a bounded step changed a request's text"
+    widest = max(sum(f) for f in rows.forwards)
+    most = max(len(f) for f in rows.forwards)
+    if bound is None:
+        assert most == 6 and widest > 3, f"unbounded, the forwards held at most {most} sequences, {widest} rows"
+    else:
+        assert scheduler.seats == 3
+        assert widest <= 3 and most <= 3, f"a forward held {most} sequences and {widest} rows, over 3"
+
+
+@pytest.mark.parametrize("case", [c for c in PROPOSER_CASES if c.name in ("suffix", "model")], ids=lambda c: c.name)
+def test_drafts_are_cut_to_the_rows_left_and_still_drafted(case, bounded):
+    """Two greedy streams that repeat themselves (drafts are accepted), K 4 every step, bounded at 16 ms (4 rows): no
+    forward holds more than 4 rows, drafts still ride in them, and the text is the plain engine's."""
+    model, rows, make = bounded
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    prompts = [(tokens(5, seed=s) * 4)[:12] for s in (1, 2)]
+    want = [Engine(model).generate(p, params).token_ids for p in prompts]
+    rows.forwards.clear()
+    scheduler = make(make_proposer(case, model), max_batch=2, k=4, adaptive_k=False, max_step_ms=16.0)
+    got = [r.token_ids for r in run_scheduler(scheduler, [(p, params) for p in prompts])]
+    assert got == want, f"{case.name}: text differs from the plain engine's"
+    assert scheduler.stats.drafted > 0, f"{case.name} never drafted: the check proved nothing"
+    decode = [f for f in rows.forwards if len(f) == 2 and max(f) <= 5]
+    assert any(sum(f) > 2 for f in decode), "no forward verified a draft"
+    assert max(sum(f) for f in rows.forwards) <= 4, f"a forward held {max(sum(f) for f in rows.forwards)} rows"
