@@ -11,6 +11,8 @@ each forward's rows are recorded as it runs.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -18,9 +20,10 @@ import augury.scheduler as scheduler_module
 from augury.engine import Engine
 from augury.errors import AuguryError
 from augury.kernels import extension as ext_module
-from augury.planner import Planner, fit_rows
+from augury.planner import Planner
 from augury.sampling import SamplingParams
 from augury.scheduler import Scheduler, SchedulerConfig
+from augury.server.prometheus import render
 from tests.native_tiny import VOCAB, native_model
 from tests.proposer_cases import PROPOSER_CASES, make_proposer
 from tests.test_chunked_prefill import Rows
@@ -42,10 +45,19 @@ def test_rows_within_a_time_follow_the_measured_line():
     assert Planner(4, batched=True).rows_within(0.001, 12) == 12, "no bound before any cost was measured"
 
 
-def test_drafts_are_cut_longest_first_and_never_a_fixed_one():
-    assert fit_rows([3, 2, 1], [False] * 3, 6) == [1, 1, 1]
-    assert fit_rows([3, 2, 1], [False] * 3, 20) == [3, 2, 1]
-    assert fit_rows([4, 4, 0], [False, True, False], 6) == [0, 4, 0], "a seeded rejection draft was cut"
+def test_drafts_are_cut_longest_first_to_the_time_and_never_a_fixed_one():
+    """CURVE's forward (8 ms + 2 ms a row) and drafting rounds of 3 ms: before drafting, a step of drafts
+    3, 2, 1 is 8 + 2 * 9 + 3 * 3 = 35 ms; within 22 ms it keeps 0, 1, 1 (8 + 2 * 5 + 3 = 21; of equal
+    lengths the first is cut). Once drafted, only the forward counts: 1, 2, 1 (8 + 2 * 7 = 22)."""
+    planner = Planner(4, batched=True, curve=CURVE)
+    planner.costs.observe_draft(1, 10, 0.030)
+    planner.costs.observe_draft(3, 10, 0.030)
+    assert planner.fit_step([3, 2, 1], [False] * 3, 0.022, 0, drafted=False) == [0, 1, 1]
+    assert planner.fit_step([3, 2, 1], [False] * 3, 0.022, 0, drafted=True) == [1, 2, 1]
+    assert planner.fit_step([3, 2, 1], [False] * 3, 0.100, 0, drafted=False) == [3, 2, 1]
+    assert planner.fit_step([3, 2, 1], [False] * 3, 0.022, 2, drafted=True) == [0, 1, 1], "prompt rows not counted"
+    assert planner.fit_step([4, 4, 0], [False, True, False], 0.010, 0, drafted=True) == [0, 4, 0], \
+        "a seeded rejection draft was cut"
 
 
 def test_a_bad_bound_is_one_line(capsys):
@@ -101,6 +113,7 @@ def test_under_the_bound_no_step_holds_more_rows_than_fit_and_the_text_is_the_sa
         assert most == 6 and widest > 3, f"unbounded, the forwards held at most {most} sequences, {widest} rows"
     else:
         assert scheduler.seats == 3
+        assert "augury_seats 3" in render(scheduler, Counter()).splitlines(), "/metrics does not show the bound"
         assert widest <= 3 and most <= 3, f"a forward held {most} sequences and {widest} rows, over 3"
 
 

@@ -46,7 +46,7 @@ from augury.request import Request
 from augury.step import DraftRound, StepReport
 from augury.step_costs import ShapeCosts, StepCosts
 
-__all__ = ["DraftOdds", "DraftTally", "Planner", "ProbeTimer", "ShapeCosts", "StepCosts", "fit_rows", "plan_step"]
+__all__ = ["DraftOdds", "DraftTally", "Planner", "ProbeTimer", "ShapeCosts", "StepCosts", "plan_step"]
 
 
 class ProbeTimer:
@@ -130,20 +130,6 @@ def plan_step(
         if rate > needed:
             best, best_rate = ks, rate
     return best
-
-
-def fit_rows(lengths: Sequence[int], fixed: Sequence[bool], rows: int) -> list[int]:
-    """Draft lengths cut, the longest first, until the blocks they make the target verify (each draft and
-    the target's own token) hold at most `rows` rows; a fixed one (a seeded request sampled by rejection,
-    whose text depends on its draft's length) is never cut, so the rows may still exceed `rows`."""
-    out = list(lengths)
-    while sum(n + 1 for n in out) > rows:
-        cuttable = [i for i, n in enumerate(out) if n > 0 and not fixed[i]]
-        if not cuttable:
-            break
-        longest = max(cuttable, key=lambda i: out[i])
-        out[longest] -= 1
-    return out
 
 
 def verify_time(costs: StepCosts, odds: list[DraftOdds], ks: list[int], *, drafted: bool = False) -> float:
@@ -308,6 +294,31 @@ class Planner:
         if per_row <= 0.0:
             return limit
         return max(1, min(limit, math.floor((seconds - fixed) / per_row + 1e-9)))
+
+    def fit_step(self, lengths: Sequence[int], fixed: Sequence[bool], seconds: float, other_rows: int, *,
+                 drafted: bool) -> list[int]:
+        """Draft lengths cut, the longest first, until the step is predicted to take at most `seconds`: its
+        target forward by the measured cost against its rows (each draft, the target's own token per
+        sequence, and `other_rows` of prompt pieces), and before drafting (`drafted` False) its drafting
+        rounds at the measured time of a round. A fixed length (a seeded request sampled by rejection,
+        whose text depends on it) is never cut, so the step may still run over."""
+        out = list(lengths)
+        fixed_s, per_row = self.costs.rows.line()
+
+        def predicted() -> float:
+            target = fixed_s + per_row * (sum(n + 1 for n in out) + other_rows)
+            drafting = [n for n in out if n]
+            if drafted or not drafting:
+                return target
+            rounds = max(drafting) if self.batched else sum(drafting)
+            return target + rounds * self.costs.draft_round_time(len(drafting) if self.batched else 1)
+
+        while predicted() > seconds:
+            cuttable = [i for i, n in enumerate(out) if n > 0 and not fixed[i]]
+            if not cuttable:
+                break
+            out[max(cuttable, key=lambda i: out[i])] -= 1
+        return out
 
     def expected_gain(self, requests: list[Request], k: int | None = None) -> float:
         """Predicted tokens per second drafting k (default the current plan's) over plain decoding's, from the

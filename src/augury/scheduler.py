@@ -48,7 +48,7 @@ from augury.batch_draft import BatchDrafter
 from augury.cache import KVCache
 from augury.errors import AuguryError
 from augury.models.loader import Model
-from augury.planner import Planner, fit_rows
+from augury.planner import Planner
 from augury.prefix_cache import PrefixCache, free_memory, kv_bytes_per_token
 from augury.proposers.base import Proposer, batches
 from augury.request import Request, TokenLogprob
@@ -350,12 +350,13 @@ class Scheduler:
         t0 = time.perf_counter()
         if decoding:
             ks = self.planner.plan([t.request for t in decoding])
-            room = self._draft_rows(len(self._running) - len(decoding))
-            if room is not None:
-                ks = fit_rows(ks, [t.request.params.load_dependent for t in decoding], room)
+            prefilling = len(self._running) - len(decoding)  # a row kept for each prompt being prefilled
+            if self.config.max_step_ms is not None:
+                fixed = [t.request.params.load_dependent for t in decoding]
+                ks = self.planner.fit_step(ks, fixed, self.config.max_step_ms / 1000.0, prefilling, drafted=False)
             self.drafter.draft(decoding, ks)
-            if room is not None:
-                self._fit_drafts([t for t in decoding if t.request is not None], room)
+            if self.config.max_step_ms is not None:
+                self._fit_drafts([t for t in decoding if t.request is not None], prefilling)
         if not self._running:
             return
         draft_s = time.perf_counter() - t0
@@ -426,17 +427,13 @@ class Scheduler:
         rows = self._step_rows()
         return self.config.max_batch if rows is None else min(self.config.max_batch, rows)
 
-    def _draft_rows(self, prefilling: int) -> int | None:
-        """Rows the decoding sequences' blocks may hold under --max-step-ms, a row kept for each prompt
-        being prefilled (None: no bound)."""
-        rows = self._step_rows()
-        return None if rows is None else rows - prefilling
-
-    def _fit_drafts(self, decoding: list[Ticket], rows: int) -> None:
-        """Cut the drafts (after `Planner.trim`) to what `rows` rows verify; those of seeded requests sampled
-        by rejection stay whole (their text depends on their length)."""
+    def _fit_drafts(self, decoding: list[Ticket], prefilling: int) -> None:
+        """Cut the drafts (after `Planner.trim`) to what a forward within --max-step-ms verifies beside a row for
+        each of `prefilling` prompts; those of seeded requests sampled by rejection stay whole (their text
+        depends on their length)."""
         requests = [t.request for t in decoding]
-        keep = fit_rows([len(r.draft) for r in requests], [r.params.load_dependent for r in requests], rows)
+        keep = self.planner.fit_step([len(r.draft) for r in requests], [r.params.load_dependent for r in requests],
+                                     self.config.max_step_ms / 1000.0, prefilling, drafted=True)
         for request, k in zip(requests, keep):
             request.draft = request.draft.truncated(k)
 

@@ -36,6 +36,8 @@ def render(scheduler: Scheduler, responses: Counter) -> str:
            "mean batch).", [("", s.sequence_steps)])
     metric("queue_length", "gauge", "Requests waiting for a slot.", [("", scheduler.queue_length)])
     metric("running", "gauge", "Requests holding a slot.", [("", scheduler.running)])
+    metric("seats", "gauge", "Requests that may hold a slot at once: --max-batch, fewer where --max-step-ms bounds "
+           "a step's rows by the measured costs.", [("", scheduler.seats)])
     metric("tau", "gauge", "Mean tokens committed per sequence per verification step.", [("", float(s.tau))])
     metric("alpha", "gauge", "Fraction of drafted tokens accepted.", [("", float(s.alpha))])
     metric("draft_length", "gauge", "Draft length K of the last step.", [("", s.last_k)])
