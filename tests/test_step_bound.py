@@ -43,6 +43,14 @@ def test_rows_within_a_time_follow_the_measured_line():
     assert planner.rows_within(0.001, 64) == 1, "a step too slow alone still runs one row"
     assert planner.rows_within(1.0, 10) == 10
     assert Planner(4, batched=True).rows_within(0.001, 12) == 12, "no bound before any cost was measured"
+    for _ in range(1000):  # steps of one size only: the discounted line forgets every other size
+        planner.costs.observe_rows(6, 0.020)
+    assert planner.costs.rows.line()[1] == 0.0, "the line kept a slope: the case below proves nothing"
+    assert planner.rows_within(0.014, 64) == 3, "a line through one size lifted the bound"
+    for _ in range(3):  # 2 rows measured at 15 ms: the count stops below them (the line now runs 12.5 ms
+        planner.costs.observe_rows(2, 0.015)  # + 1.25 ms a row, through 2 rows' 15 and 6 rows' 20)
+    assert planner.rows_within(0.014, 64) == 1, "a size measured too slow was let in on the line's word"
+    assert planner.rows_within(0.015, 64) == 2 and planner.rows_within(0.01625, 64) == 3
 
 
 def test_drafts_are_cut_longest_first_to_the_time_and_never_a_fixed_one():

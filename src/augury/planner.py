@@ -199,6 +199,7 @@ class Planner:
         self.verifying: dict[int, int] = {}  # sequence id -> the bucket of the draft its next step verifies
         self.planned: dict[int, int] = {}  # sequence id -> tokens the plan let its next step's draft have
         self.costs = StepCosts()
+        self._rows_line: tuple[float, float] | None = None  # the last forward cost line with a slope (rows_within)
         for tokens, ms in sorted((curve or {}).items()):
             self.costs.observe_rows(tokens, ms / 1000.0)
             # A curve's point is a profile's median, read as measured until this run has measured that
@@ -286,27 +287,45 @@ class Planner:
 
     def rows_within(self, seconds: float, limit: int) -> int:
         """The most activation rows (decode rows, drafted tokens and prompt pieces together) a target forward
-        may hold for its measured cost against its rows (`step_rows`' line) to stay within `seconds`: at
-        most `limit`, at least 1 (a step too slow alone still runs), `limit` until two forward sizes were
-        measured. A server's --max-step-ms: the rows a step may hold so each stream's time per token stays
-        under it."""
-        fixed, per_row = self.costs.rows.line()
-        if per_row <= 0.0:
+        may hold to take at most `seconds`, by the measured cost of forwards of each size (the median of a
+        size's last few, the line through all sizes where one was seen too few times): at most `limit`, at
+        least 1 (a step too slow alone still runs), `limit` until two forward sizes were measured. A
+        server's --max-step-ms: the rows a step may hold so each stream's time per token stays under it.
+
+        Sizes are tried upwards and the first too slow ends the count: on this CPU a forward costs 56 ms
+        at 1 row, 124 at 6, 163 at 9 (the line through all of them put 9 rows under 145 ms). A line
+        through forwards of one size has no slope: a server that ran 6-row steps for a few hundred
+        steps forgot every other size, and the bound, read as unmeasured, let 16 sequences in at once
+        (docs/benchmarks.md 30); the last line that had a slope stands until the steps give another."""
+        if self._forward_line() is None:
             return limit
-        return max(1, min(limit, math.floor((seconds - fixed) / per_row + 1e-9)))
+        rows = 0
+        while rows < limit and self._forward_time(rows + 1) <= seconds + 1e-9:
+            rows += 1
+        return max(1, rows)
+
+    def _forward_line(self) -> tuple[float, float] | None:
+        """The forward's cost line against its rows, the last one with a slope (None before there was one)."""
+        fixed, per_row = self.costs.rows.line()
+        if per_row > 0.0:
+            self._rows_line = (fixed, per_row)
+        return self._rows_line
+
+    def _forward_time(self, rows: int) -> float:
+        """Seconds of a target forward of `rows` rows: its size's median, else the line (`rows_within`)."""
+        return self.costs.rows.time(rows, rows, self._forward_line())
 
     def fit_step(self, lengths: Sequence[int], fixed: Sequence[bool], seconds: float, other_rows: int, *,
                  drafted: bool) -> list[int]:
         """Draft lengths cut, the longest first, until the step is predicted to take at most `seconds`: its
         target forward by the measured cost against its rows (each draft, the target's own token per
-        sequence, and `other_rows` of prompt pieces), and before drafting (`drafted` False) its drafting
+        sequence, and `other_rows` of prompt pieces; `rows_within`'s reading), and before drafting (`drafted` False) its drafting
         rounds at the measured time of a round. A fixed length (a seeded request sampled by rejection,
         whose text depends on it) is never cut, so the step may still run over."""
         out = list(lengths)
-        fixed_s, per_row = self.costs.rows.line()
 
         def predicted() -> float:
-            target = fixed_s + per_row * (sum(n + 1 for n in out) + other_rows)
+            target = self._forward_time(sum(n + 1 for n in out) + other_rows)
             drafting = [n for n in out if n]
             if drafted or not drafting:
                 return target

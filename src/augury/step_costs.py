@@ -52,11 +52,13 @@ class ShapeCosts:
         a = max((st - b * sn) / w, 0.0)
         return a, b
 
-    def time(self, shape: object, size: float) -> float:
+    def time(self, shape: object, size: float, line: tuple[float, float] | None = None) -> float:
+        """Seconds of a forward of this shape; `line` (a, b) stands in for this one's where the shape was
+        seen too few times."""
         recent = self.recent.get(shape, ())
         if len(recent) >= self.MIN_SAMPLES:
             return statistics.median(recent)
-        a, b = self.line()
+        a, b = line or self.line()
         return a + b * size
 
 
