@@ -21,6 +21,7 @@ from augury.engine import Engine
 from augury.errors import AuguryError
 from augury.kernels import extension as ext_module
 from augury.planner import Planner
+from augury.step_bound import StepBound
 from augury.sampling import SamplingParams
 from augury.scheduler import Scheduler, SchedulerConfig
 from augury.server.prometheus import render
@@ -37,34 +38,42 @@ def tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def test_rows_within_a_time_follow_the_measured_line():
-    planner = Planner(4, batched=True, curve=CURVE)
-    assert [planner.rows_within(ms / 1000, 64) for ms in (14, 15.9, 16, 40)] == [3, 3, 4, 16]
-    assert planner.rows_within(0.001, 64) == 1, "a step too slow alone still runs one row"
-    assert planner.rows_within(1.0, 10) == 10
-    assert Planner(4, batched=True).rows_within(0.001, 12) == 12, "no bound before any cost was measured"
+def bound(ms: float, costs=None, limit: int = 64) -> StepBound:
+    """A bound of `ms` on CURVE's costs (or the given ones), the drafter batched."""
+    costs = costs if costs is not None else Planner(4, batched=True, curve=CURVE).costs
+    return StepBound(ms / 1000, costs, batched=True, limit=limit)
+
+
+def test_the_rows_within_a_time_follow_the_measured_costs():
+    assert [bound(ms).rows() for ms in (14, 15.9, 16, 40)] == [3, 3, 4, 16]
+    assert bound(1).rows() == 1, "a step too slow alone still runs one row"
+    assert bound(1000, limit=10).rows() == 10 and bound(1000, limit=10).seats(6) == 6
+    assert bound(1, Planner(4, batched=True).costs, limit=12).rows() == 12, "a bound before any cost was measured"
+    b14 = bound(14)
+    assert b14.rows() == 3 and b14.seats(16) == 3 and b14.pieces(8, 2) == 1 and b14.pieces(8, 3) == 1
+    costs = b14.costs
     for _ in range(1000):  # steps of one size only: the discounted line forgets every other size
-        planner.costs.observe_rows(6, 0.020)
-    assert planner.costs.rows.line()[1] == 0.0, "the line kept a slope: the case below proves nothing"
-    assert planner.rows_within(0.014, 64) == 3, "a line through one size lifted the bound"
+        costs.observe_rows(6, 0.020)
+    assert costs.rows.line()[1] == 0.0, "the line kept a slope: the case below proves nothing"
+    assert b14.rows() == 3, "a line through one size lifted the bound"
     for _ in range(3):  # 2 rows measured at 15 ms: the count stops below them (the line now runs 12.5 ms
-        planner.costs.observe_rows(2, 0.015)  # + 1.25 ms a row, through 2 rows' 15 and 6 rows' 20)
-    assert planner.rows_within(0.014, 64) == 1, "a size measured too slow was let in on the line's word"
-    assert planner.rows_within(0.015, 64) == 2 and planner.rows_within(0.01625, 64) == 3
+        costs.observe_rows(2, 0.015)  # + 1.25 ms a row, through 2 rows' 15 and 6 rows' 20)
+    assert b14.rows() == 1, "a size measured too slow was let in on the line's word"
+    assert bound(15, costs).rows() == 2 and bound(16.25, costs).rows() == 3
 
 
 def test_drafts_are_cut_longest_first_to_the_time_and_never_a_fixed_one():
     """CURVE's forward (8 ms + 2 ms a row) and drafting rounds of 3 ms: before drafting, a step of drafts
     3, 2, 1 is 8 + 2 * 9 + 3 * 3 = 35 ms; within 22 ms it keeps 0, 1, 1 (8 + 2 * 5 + 3 = 21; of equal
     lengths the first is cut). Once drafted, only the forward counts: 1, 2, 1 (8 + 2 * 7 = 22)."""
-    planner = Planner(4, batched=True, curve=CURVE)
-    planner.costs.observe_draft(1, 10, 0.030)
-    planner.costs.observe_draft(3, 10, 0.030)
-    assert planner.fit_step([3, 2, 1], [False] * 3, 0.022, 0, drafted=False) == [0, 1, 1]
-    assert planner.fit_step([3, 2, 1], [False] * 3, 0.022, 0, drafted=True) == [1, 2, 1]
-    assert planner.fit_step([3, 2, 1], [False] * 3, 0.100, 0, drafted=False) == [3, 2, 1]
-    assert planner.fit_step([3, 2, 1], [False] * 3, 0.022, 2, drafted=True) == [0, 1, 1], "prompt rows not counted"
-    assert planner.fit_step([4, 4, 0], [False, True, False], 0.010, 0, drafted=True) == [0, 4, 0], \
+    b22 = bound(22)
+    b22.costs.observe_draft(1, 10, 0.030)
+    b22.costs.observe_draft(3, 10, 0.030)
+    assert b22.fit([3, 2, 1], [False] * 3, 0, drafted=False) == [0, 1, 1]
+    assert b22.fit([3, 2, 1], [False] * 3, 0, drafted=True) == [1, 2, 1]
+    assert bound(100, b22.costs).fit([3, 2, 1], [False] * 3, 0, drafted=False) == [3, 2, 1]
+    assert b22.fit([3, 2, 1], [False] * 3, 2, drafted=True) == [0, 1, 1], "prompt rows not counted"
+    assert bound(10, b22.costs).fit([4, 4, 0], [False, True, False], 0, drafted=True) == [0, 4, 0], \
         "a seeded rejection draft was cut"
 
 

@@ -199,7 +199,6 @@ class Planner:
         self.verifying: dict[int, int] = {}  # sequence id -> the bucket of the draft its next step verifies
         self.planned: dict[int, int] = {}  # sequence id -> tokens the plan let its next step's draft have
         self.costs = StepCosts()
-        self._rows_line: tuple[float, float] | None = None  # the last forward cost line with a slope (rows_within)
         for tokens, ms in sorted((curve or {}).items()):
             self.costs.observe_rows(tokens, ms / 1000.0)
             # A curve's point is a profile's median, read as measured until this run has measured that
@@ -284,60 +283,6 @@ class Planner:
         if decode_rows == 0:
             return limit
         return min(limit, max(self.MIN_PROMPT_PIECE, self.step_rows(limit) - decode_rows))
-
-    def rows_within(self, seconds: float, limit: int) -> int:
-        """The most activation rows (decode rows, drafted tokens and prompt pieces together) a target forward
-        may hold to take at most `seconds`, by the measured cost of forwards of each size (the median of a
-        size's last few, the line through all sizes where one was seen too few times): at most `limit`, at
-        least 1 (a step too slow alone still runs), `limit` until two forward sizes were measured. A
-        server's --max-step-ms: the rows a step may hold so each stream's time per token stays under it.
-
-        Sizes are tried upwards and the first too slow ends the count: on this CPU a forward costs 56 ms
-        at 1 row, 124 at 6, 163 at 9 (the line through all of them put 9 rows under 145 ms). A line
-        through forwards of one size has no slope: a server that ran 6-row steps for a few hundred
-        steps forgot every other size, and the bound, read as unmeasured, let 16 sequences in at once
-        (docs/benchmarks.md 30); the last line that had a slope stands until the steps give another."""
-        if self._forward_line() is None:
-            return limit
-        rows = 0
-        while rows < limit and self._forward_time(rows + 1) <= seconds + 1e-9:
-            rows += 1
-        return max(1, rows)
-
-    def _forward_line(self) -> tuple[float, float] | None:
-        """The forward's cost line against its rows, the last one with a slope (None before there was one)."""
-        fixed, per_row = self.costs.rows.line()
-        if per_row > 0.0:
-            self._rows_line = (fixed, per_row)
-        return self._rows_line
-
-    def _forward_time(self, rows: int) -> float:
-        """Seconds of a target forward of `rows` rows: its size's median, else the line (`rows_within`)."""
-        return self.costs.rows.time(rows, rows, self._forward_line())
-
-    def fit_step(self, lengths: Sequence[int], fixed: Sequence[bool], seconds: float, other_rows: int, *,
-                 drafted: bool) -> list[int]:
-        """Draft lengths cut, the longest first, until the step is predicted to take at most `seconds`: its
-        target forward by the measured cost against its rows (each draft, the target's own token per
-        sequence, and `other_rows` of prompt pieces; `rows_within`'s reading), and before drafting (`drafted` False) its drafting
-        rounds at the measured time of a round. A fixed length (a seeded request sampled by rejection,
-        whose text depends on it) is never cut, so the step may still run over."""
-        out = list(lengths)
-
-        def predicted() -> float:
-            target = self._forward_time(sum(n + 1 for n in out) + other_rows)
-            drafting = [n for n in out if n]
-            if drafted or not drafting:
-                return target
-            rounds = max(drafting) if self.batched else sum(drafting)
-            return target + rounds * self.costs.draft_round_time(len(drafting) if self.batched else 1)
-
-        while predicted() > seconds:
-            cuttable = [i for i, n in enumerate(out) if n > 0 and not fixed[i]]
-            if not cuttable:
-                break
-            out[max(cuttable, key=lambda i: out[i])] -= 1
-        return out
 
     def expected_gain(self, requests: list[Request], k: int | None = None) -> float:
         """Predicted tokens per second drafting k (default the current plan's) over plain decoding's, from the

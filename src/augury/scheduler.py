@@ -54,6 +54,7 @@ from augury.proposers.base import Proposer, batches
 from augury.request import Request, TokenLogprob
 from augury.sampling import SamplingParams
 from augury.step import check_k, needs_prompt_states, prefill, step
+from augury.step_bound import StepBound
 from augury.tickets import (
     Admitted,
     Event,
@@ -118,6 +119,10 @@ class Scheduler:
         # A prompt's piece with nothing else in the step: the decoder's row-attention limit (the
         # rows it computes row by row, the native layer's) unless a fixed chunk was asked for.
         self.piece_limit = config.prefill_chunk or target.decoder.row_attention_limit
+        self.bound = None if config.max_step_ms is None else StepBound(
+            config.max_step_ms / 1000.0, self.planner.costs, batched=self.planner.batched,
+            limit=config.max_batch * (k_max + 1) + self.piece_limit,
+        )
         self.drafter = BatchDrafter(proposer, self.planner, chunked=self.chunked, budget=self._step_budget,
                                     fail=self._release)
         self.capacity = config.seq_capacity(target.config.context_length)
@@ -351,11 +356,10 @@ class Scheduler:
         if decoding:
             ks = self.planner.plan([t.request for t in decoding])
             prefilling = len(self._running) - len(decoding)  # a row kept for each prompt being prefilled
-            if self.config.max_step_ms is not None:
-                fixed = [t.request.params.load_dependent for t in decoding]
-                ks = self.planner.fit_step(ks, fixed, self.config.max_step_ms / 1000.0, prefilling, drafted=False)
+            if self.bound is not None:
+                ks = self.bound.fit(ks, [t.request.params.load_dependent for t in decoding], prefilling, drafted=False)
             self.drafter.draft(decoding, ks)
-            if self.config.max_step_ms is not None:
+            if self.bound is not None:
                 self._fit_drafts([t for t in decoding if t.request is not None], prefilling)
         if not self._running:
             return
@@ -408,32 +412,21 @@ class Scheduler:
         --prefill-chunk, else the planner's from measured costs; under --max-step-ms no more than the rows left
         (at least one token, so that prompts keep entering)."""
         budget = self.config.prefill_chunk or self.planner.prompt_budget(decode_rows, self.piece_limit)
-        rows = self._step_rows()
-        return budget if rows is None else max(1, min(budget, rows - decode_rows))
-
-    # -- --max-step-ms: a bound on each stream's time per token ---------------------------------
-
-    def _step_rows(self) -> int | None:
-        """Rows a step may hold to take at most --max-step-ms by the measured costs (None: no bound)."""
-        if self.config.max_step_ms is None:
-            return None
-        limit = self.config.max_batch * (self.planner.k_max + 1) + self.piece_limit
-        return self.planner.rows_within(self.config.max_step_ms / 1000.0, limit)
+        return budget if self.bound is None else self.bound.pieces(budget, decode_rows)
 
     @property
     def seats(self) -> int:
         """Sequences that may run at once: --max-batch, and under --max-step-ms no more than a step's rows
-        (one each); the rest wait in the queue, which is where the bound's price is paid."""
-        rows = self._step_rows()
-        return self.config.max_batch if rows is None else min(self.config.max_batch, rows)
+        (`StepBound.seats`); the rest wait in the queue, which is where the bound's price is paid."""
+        return self.config.max_batch if self.bound is None else self.bound.seats(self.config.max_batch)
 
     def _fit_drafts(self, decoding: list[Ticket], prefilling: int) -> None:
         """Cut the drafts (after `Planner.trim`) to what a forward within --max-step-ms verifies beside a row for
         each of `prefilling` prompts; those of seeded requests sampled by rejection stay whole (their text
         depends on their length)."""
         requests = [t.request for t in decoding]
-        keep = self.planner.fit_step([len(r.draft) for r in requests], [r.params.load_dependent for r in requests],
-                                     self.config.max_step_ms / 1000.0, prefilling, drafted=True)
+        keep = self.bound.fit([len(r.draft) for r in requests], [r.params.load_dependent for r in requests],
+                              prefilling, drafted=True)
         for request, k in zip(requests, keep):
             request.draft = request.draft.truncated(k)
 
