@@ -90,6 +90,14 @@ def test_a_bad_bound_is_one_line(capsys):
         assert len(err) == 1 and "--max-step-ms" in err[0], err
 
 
+def test_without_a_saved_curve_the_bound_measures_the_forward_at_start(monkeypatch):
+    monkeypatch.setattr(scheduler_module, "_cost_curve", lambda target: None)
+    target = native_model("qwen2", seed=5)
+    assert not Scheduler(target, None, SchedulerConfig()).planner.costs.rows.recent, "measured without a bound"
+    scheduler = Scheduler(target, None, SchedulerConfig(max_step_ms=50.0))
+    assert sorted(scheduler.planner.costs.rows.recent) == [1, 2, 4, 8]
+
+
 @pytest.fixture
 def bounded(monkeypatch):
     """A scheduler factory whose step costs are CURVE's line for the whole run (the tiny model's own steps,

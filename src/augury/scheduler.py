@@ -83,15 +83,6 @@ def _cost_curve(target: Model) -> dict[int, float] | None:
         return None
 
 
-def _rows_curve(target: Model) -> dict[int, float]:
-    """The target's forward milliseconds at a few row counts, measured now (a few seconds for a 1.5B model on
-    two cores): what a step of n rows costs, before the server's own steps have measured it."""
-    from augury.costs import QUICK_CONTEXT, QUICK_REPEATS, forward_curve
-
-    context = max(1, min(QUICK_CONTEXT, target.config.context_length - 16))
-    return forward_curve(target, context, [1, 2, 4, 8], repeats=QUICK_REPEATS)
-
-
 class Scheduler:
     """Continuous batching over one target model and an optional proposer (see the module doc)."""
 
@@ -108,7 +99,9 @@ class Scheduler:
             raise AuguryError(f"max step time must be a positive number of milliseconds, got {config.max_step_ms}")
         curve = _cost_curve(target)
         if config.max_step_ms is not None and len(curve or ()) < 2:
-            curve = _rows_curve(target)  # a bound on the step needs its cost against its rows from the start
+            from augury.costs import rows_curve
+
+            curve = rows_curve(target)  # a bound on the step needs its cost against its rows from the start
         self.planner = Planner(
             k_max, batched=proposer is not None and batches(proposer), free_drafts=getattr(proposer, "drafts_free", False),
             adaptive=config.adaptive_k, probe_every=config.probe_every, curve=curve,
