@@ -158,3 +158,17 @@ def test_drafts_are_cut_to_the_rows_left_and_still_drafted(case, bounded):
     decode = [f for f in rows.forwards if len(f) == 2 and max(f) <= 5]
     assert any(sum(f) > 2 for f in decode), "no forward verified a draft"
     assert max(sum(f) for f in rows.forwards) <= 4, f"a forward held {max(sum(f) for f in rows.forwards)} rows"
+
+
+def test_other_threads_read_the_engine_threads_last_count_of_seats(bounded):
+    """/metrics and `submit` run on the server's threads while the engine thread's steps change the costs
+    (a median read while a step appends to its samples can raise): they read the last count, never the costs."""
+    model, rows, make = bounded
+    scheduler = make(max_batch=6, max_step_ms=14.0)
+
+    def busy(max_batch: int) -> int:
+        raise RuntimeError("deque mutated during iteration")
+
+    scheduler.bound.seats = busy
+    assert scheduler.seats == 3
+    assert "augury_seats 3" in render(scheduler, Counter()).splitlines()

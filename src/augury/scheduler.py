@@ -46,6 +46,7 @@ from collections.abc import Callable
 
 from augury.batch_draft import BatchDrafter
 from augury.cache import KVCache
+from augury.costs import rows_curve
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.planner import Planner
@@ -98,10 +99,8 @@ class Scheduler:
         if config.max_step_ms is not None and not (math.isfinite(config.max_step_ms) and config.max_step_ms > 0):
             raise AuguryError(f"max step time must be a positive number of milliseconds, got {config.max_step_ms}")
         curve = _cost_curve(target)
-        if config.max_step_ms is not None and len(curve or ()) < 2:
-            from augury.costs import rows_curve
-
-            curve = rows_curve(target)  # a bound on the step needs its cost against its rows from the start
+        if config.max_step_ms is not None and len(curve or ()) < 2:  # a bound needs the cost of rows at once
+            curve = rows_curve(target)
         self.planner = Planner(
             k_max, batched=proposer is not None and batches(proposer), free_drafts=getattr(proposer, "drafts_free", False),
             adaptive=config.adaptive_k, probe_every=config.probe_every, curve=curve,
@@ -135,6 +134,7 @@ class Scheduler:
         self._running: list[Ticket] = []  # running[i] owns pool row i
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._seats = self._count_seats()  # recounted by the engine thread before each admission
 
     @staticmethod
     def _check_pool_fits(target: Model, config: SchedulerConfig, row_tokens: int) -> None:
@@ -220,7 +220,7 @@ class Scheduler:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
             # Tickets that free rows will take at the next step boundary do not count as queued.
-            free_rows = self.config.max_batch - len(self._running)
+            free_rows = max(0, self.seats - len(self._running))
             if len(self._waiting) >= self.config.max_queue + free_rows:
                 self.stats.rejected += 1
                 raise QueueFull(f"the queue is full ({self.config.max_queue} waiting); try again later")
@@ -277,7 +277,7 @@ class Scheduler:
                         self._lock.wait()
                     if self._stopping:
                         break
-                    free = self.seats - len(self._running)
+                    free = self._count_seats() - len(self._running)
                     admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
                 for ticket in admitted:
                     self._admit(ticket)
@@ -402,21 +402,24 @@ class Scheduler:
 
     def _step_budget(self, decode_rows: int) -> int:
         """Prompt tokens (the target's pieces, and a drafter's) a step beside decode_rows rows may feed: the fixed
-        --prefill-chunk, else the planner's from measured costs; under --max-step-ms no more than the rows left
-        (at least one token, so that prompts keep entering)."""
+        --prefill-chunk, else the planner's from measured costs; under --max-step-ms, of the rows left."""
         budget = self.config.prefill_chunk or self.planner.prompt_budget(decode_rows, self.piece_limit)
         return budget if self.bound is None else self.bound.pieces(budget, decode_rows)
 
     @property
     def seats(self) -> int:
-        """Sequences that may run at once: --max-batch, and under --max-step-ms no more than a step's rows
-        (`StepBound.seats`); the rest wait in the queue, which is where the bound's price is paid."""
-        return self.config.max_batch if self.bound is None else self.bound.seats(self.config.max_batch)
+        """Sequences that may run at once, as the engine thread last counted them (`_count_seats`)."""
+        return self._seats
+
+    def _count_seats(self) -> int:
+        """--max-batch, fewer under --max-step-ms (`StepBound.seats`; the rest wait in the queue). The engine
+        thread's alone: its costs change each step (a median read while a step appends can raise)."""
+        self._seats = self.config.max_batch if self.bound is None else self.bound.seats(self.config.max_batch)
+        return self._seats
 
     def _fit_drafts(self, decoding: list[Ticket], prefilling: int) -> None:
-        """Cut the drafts (after `Planner.trim`) to what a forward within --max-step-ms verifies beside a row for
-        each of `prefilling` prompts; those of seeded requests sampled by rejection stay whole (their text
-        depends on their length)."""
+        """Cut the trimmed drafts to a step within --max-step-ms beside a row for each of `prefilling` prompts
+        (`StepBound.fit`: a seeded rejection-sampled request's stays whole)."""
         requests = [t.request for t in decoding]
         keep = self.bound.fit([len(r.draft) for r in requests], [r.params.load_dependent for r in requests],
                               prefilling, drafted=True)
