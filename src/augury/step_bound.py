@@ -39,10 +39,11 @@ class StepBound:
         Sizes are tried upwards and the first too slow ends the count, each by its own median once seen a
         few times, else by the line through all sizes: on a Zen 2 a forward costs 56 ms at 1 row, 122 at 6,
         164 at 9, and the line through all of them put 9 rows under 145 ms (docs/benchmarks.md 30)."""
-        if self._forward_line() is None:
+        line = self._forward_line()
+        if line is None:
             return self.limit
         rows = 0
-        while rows < self.limit and self._forward_time(rows + 1) <= self.seconds + 1e-9:
+        while rows < self.limit and self.costs.rows.time(rows + 1, rows + 1, line) <= self.seconds + 1e-9:
             rows += 1
         return max(1, rows)
 
@@ -62,9 +63,11 @@ class StepBound:
         the measured time of a round. A fixed length (a seeded request sampled by rejection, whose text
         depends on it) is never cut, so the step may still run over."""
         out = list(lengths)
+        line = self._forward_line()
 
         def predicted() -> float:
-            target = self._forward_time(sum(n + 1 for n in out) + other_rows)
+            rows = sum(n + 1 for n in out) + other_rows
+            target = self.costs.rows.time(rows, rows, line)  # its size's median, else the line
             drafting = [n for n in out if n]
             if drafted or not drafting:
                 return target
@@ -88,7 +91,3 @@ class StepBound:
         if per_row > 0.0:
             self._line = (fixed, per_row)
         return self._line
-
-    def _forward_time(self, rows: int) -> float:
-        """Seconds of a target forward of `rows` rows: its size's median, else the line."""
-        return self.costs.rows.time(rows, rows, self._forward_line())

@@ -78,7 +78,7 @@ class SchedulerConfig:
     # admission (also where the decoder has no ragged rows, Decoder.ragged).
     prefill_chunk: int | None = None
     # The milliseconds a step is planned to take at most, by the target's measured cost against its rows
-    # (`Planner.rows_within`): sequences past what fits wait in the queue, drafts and prompt pieces are
+    # (`StepBound`, step_bound.py): sequences past what fits wait in the queue, drafts and prompt pieces are
     # cut to fit. A bound on each stream's time per token, paid for in time to first token under load.
     # None: no bound (as many sequences as max_batch, the most tokens per second).
     max_step_ms: float | None = None
