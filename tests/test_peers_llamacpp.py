@@ -34,7 +34,7 @@ ENCODE_S, DECODE_S, DRAFTED, ACCEPTED = 0.3, 1.25, 12, 9
 # way llama.cpp does (dropping one trailing newline), counts one token per character, logs its call,
 # and prints what the real binary prints on stdout and stderr.
 FAKE = r'''
-import json, os, sys
+import json, os, signal, sys
 tool = os.path.basename(sys.argv[0])
 args = sys.argv[1:]
 def opt(flag, default=None):
@@ -43,6 +43,8 @@ config = json.loads(CONFIG)
 if config.get("fail") == tool:
     sys.stderr.write("llama_model_load: error loading model\nmain: error: unable to load model\n")
     sys.exit(1)
+if config.get("crash_unless_repack_off") == tool and opt("--repack") != "0":
+    os.kill(os.getpid(), signal.SIGILL)  # what llama.cpp's AMX path does where the VM grants no tiles
 if tool == "llama-bench":
     rows = [int(r) for r in opt("-p").split(",")]
     for n in rows:

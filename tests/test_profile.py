@@ -102,6 +102,17 @@ def test_llama_bench_results_parse_from_a_fake_binary(tmp_path):
         parse_llama_bench('{"n_prompt": 0, "n_gen": 32, "avg_ns": 1e9}\n')
 
 
+def test_a_llama_bench_killed_by_a_signal_is_named_and_repack_off_reaches_it(tmp_path, monkeypatch):
+    llama = write_fake_llama_cpp(tmp_path / "bin", crash_unless_repack_off="llama-bench")
+    monkeypatch.delenv("LLAMA_ARG_REPACK", raising=False)
+    with pytest.raises(AuguryError, match=r"^llama-bench was killed by SIGILL; .*LLAMA_ARG_REPACK=0"):
+        llama_bench_ms(llama / "llama-bench", tmp_path / "t.gguf", ROWS, depth=512, threads=2)
+    # the variable the other binaries read turns repacking off for llama-bench too
+    monkeypatch.setenv("LLAMA_ARG_REPACK", "0")
+    ms = llama_bench_ms(llama / "llama-bench", tmp_path / "t.gguf", ROWS, depth=512, threads=2)
+    assert ms == pytest.approx({n: 30.0 + 2.0 * n for n in ROWS})
+
+
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory) -> Path:
     from tests.test_loading import write_llama_gguf

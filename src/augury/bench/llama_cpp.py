@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -87,10 +88,36 @@ def run_llama_cpp(command: list[str], timeout_s: float = LLAMA_CPP_TIMEOUT_S) ->
         raise AuguryError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
     out = done.stdout.decode("utf-8", errors="replace")
     err = done.stderr.decode("utf-8", errors="replace")
+    if done.returncode < 0:  # killed by a signal: its last line is whatever it printed before, not the cause
+        hint = CRASH_HINT if -done.returncode in (signal.SIGILL, signal.SIGSEGV) else ""
+        raise AuguryError(f"{name} was killed by {_signal_name(-done.returncode)}{hint}")
     if done.returncode != 0:
         last = next((line.strip() for line in reversed(err.splitlines()) if line.strip()), "no message")
         raise AuguryError(f"{name} failed (exit {done.returncode}): {last}")
     return out, err
+
+
+# What such a crash has been on CPUs with AMX whose virtual machine does not grant the tile registers
+# (SIGILL at `tilezero`, or SIGSEGV, in ggml_backend_amx_mul_mat): llama.cpp's repacked weights choose
+# that path; its LLAMA_ARG_REPACK=0 turns repacking off (and is passed on to llama-bench as --repack 0).
+CRASH_HINT = "; if this CPU has AMX, try LLAMA_ARG_REPACK=0 (llama.cpp's repacked AMX path)"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def repack_flags(environ: dict[str, str] | None = None) -> list[str]:
+    """llama-bench's `--repack 0` where LLAMA_ARG_REPACK turns repacking off for the other binaries.
+
+    llama-completion, llama-speculative-simple and llama-server read LLAMA_ARG_* variables; llama-bench
+    reads none, so one setting in the environment reaches all of them only if it is passed on here.
+    """
+    value = (os.environ if environ is None else environ).get("LLAMA_ARG_REPACK", "").strip().lower()
+    return ["--repack", "0"] if value in ("0", "false", "off", "no") else []
 
 
 def _last(pattern: str, text: str, tool: str, what: str) -> tuple[str, ...]:
@@ -296,6 +323,6 @@ def llama_bench_ms(
 ) -> dict[int, float]:
     """llama.cpp's forward of T new tokens after `depth` cached ones (its pp T test), in ms, for each T."""
     command = [str(binary), "-m", str(gguf), "-t", str(threads), "-p", ",".join(map(str, rows)), "-n", "0",
-               "-d", str(depth), "-r", str(repetitions), "-o", "jsonl"]
+               "-d", str(depth), "-r", str(repetitions), "-o", "jsonl", *repack_flags()]
     stdout, _ = run_llama_cpp(command)
     return parse_llama_bench(stdout)
