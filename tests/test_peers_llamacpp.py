@@ -44,7 +44,7 @@ if config.get("fail") == tool:
     sys.stderr.write("llama_model_load: error loading model\nmain: error: unable to load model\n")
     sys.exit(1)
 if config.get("crash_unless_repack_off") == tool and opt("--repack") != "0":
-    os.kill(os.getpid(), signal.SIGILL)  # what llama.cpp's AMX path does where the VM grants no tiles
+    os.kill(os.getpid(), signal.SIGILL)  # what llama.cpp's repacked AMX path did on docs/benchmarks.md 31's machine
 if tool == "llama-bench":
     rows = [int(r) for r in opt("-p").split(",")]
     for n in rows:

@@ -97,9 +97,10 @@ def run_llama_cpp(command: list[str], timeout_s: float = LLAMA_CPP_TIMEOUT_S) ->
     return out, err
 
 
-# What such a crash has been on CPUs with AMX whose virtual machine does not grant the tile registers
-# (SIGILL at `tilezero`, or SIGSEGV, in ggml_backend_amx_mul_mat): llama.cpp's repacked weights choose
-# that path; its LLAMA_ARG_REPACK=0 turns repacking off (and is passed on to llama-bench as --repack 0).
+# What such a crash has been on two Intel machines with AMX (docs/benchmarks.md 9 and 31: SIGSEGV, and
+# SIGILL at `tilezero`, in ggml_backend_amx_mul_mat, with the tile state granted to the process):
+# llama.cpp's repacked weights choose that path; LLAMA_ARG_REPACK=0 turns repacking off (and is passed
+# on to llama-bench as --repack 0).
 CRASH_HINT = "; if this CPU has AMX, try LLAMA_ARG_REPACK=0 (llama.cpp's repacked AMX path)"
 
 
@@ -110,13 +111,13 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def repack_flags(environ: dict[str, str] | None = None) -> list[str]:
+def repack_flags() -> list[str]:
     """llama-bench's `--repack 0` where LLAMA_ARG_REPACK turns repacking off for the other binaries.
 
     llama-completion, llama-speculative-simple and llama-server read LLAMA_ARG_* variables; llama-bench
     reads none, so one setting in the environment reaches all of them only if it is passed on here.
     """
-    value = (os.environ if environ is None else environ).get("LLAMA_ARG_REPACK", "").strip().lower()
+    value = os.environ.get("LLAMA_ARG_REPACK", "").strip().lower()
     return ["--repack", "0"] if value in ("0", "false", "off", "no") else []
 
 
