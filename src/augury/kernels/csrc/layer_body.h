@@ -57,12 +57,6 @@ inline void rope(float* x, const float* cos, const float* sin, int64_t d) {
   }
 }
 
-// Slot j of row r's key set: [key_lo, key_hi) first, then its extra (tree) slots.
-inline int64_t key_slot(const LayerIO& io, int64_t r, int64_t j) {
-  const int64_t span = io.key_hi[r] - io.key_lo[r];
-  return j < span ? io.key_lo[r] + j : io.extra_slots[io.extra_off[r] + j - span];
-}
-
 // 16 fp32 lanes as one value (GCC/Clang vector extension: elementwise IEEE operations that the
 // compiler lowers to whatever SIMD the region targets, or to scalar code).
 typedef float v16 __attribute__((vector_size(64)));
@@ -145,123 +139,7 @@ inline v16 load16(const uint16_t* p) {
 }
 inline void store16(float* p, v16 v) { std::memcpy(p, &v, 64); }
 
-constexpr int kMaxChunks = 16;  // head_dim <= 256
-
-// The attention's vectors at the instruction set's own width: 16 lanes (v16) as kParts native vectors,
-// lane by lane the same arithmetic. GCC lowers the 64-byte v16 on AVX2 through the stack (its sums
-// go out as ymm and come back as xmm pairs), so the loops over keys use these instead.
-constexpr int kW = ops::kVecFloats, kParts = kLanes / kW;
-typedef float vw __attribute__((vector_size(4 * kW)));
-typedef uint16_t u16w __attribute__((vector_size(2 * kW)));
-typedef uint32_t u32w __attribute__((vector_size(4 * kW)));
-inline vw loadw(const float* p) { vw v; std::memcpy(&v, p, sizeof(vw)); return v; }
-inline vw loadw(const uint16_t* p) {
-  u16w h;
-  std::memcpy(&h, p, sizeof(u16w));
-  const u32w bits = __builtin_convertvector(h, u32w) << 16;
-  vw v;
-  std::memcpy(&v, &bits, sizeof(vw));
-  return v;
-}
-inline void storew(float* p, vw v) { std::memcpy(p, &v, sizeof(vw)); }
-inline vw splatw(float c) { return splat_as<vw>(c); }
-
-// lane_total's steps below width kW on one native vector: lane l of step w adds lane l + w (a
-// shuffle brings it down), so lane 0 ends with the same sum; the other lanes are not used.
-template <int W>
-inline vw lane_tree(vw v) {
-  if constexpr (W == 0) return v;
-  else return lane_tree<W / 2>(v + pick(v, lanes_from<W, kW>(std::make_integer_sequence<int, kW>{})));
-}
-
-// 16 lanes held as kParts native vectors, summed as lane_total sums them: the steps of width kW
-// and above add whole vectors, the rest run on the first vector's lanes.
-inline float parts_total(vw* acc) {
-  for (int w = kParts / 2; w >= 1; w /= 2)
-    for (int p = 0; p < w; ++p) acc[p] += acc[p + w];
-  return lane_tree<kW / 2>(acc[0])[0];
-}
-
-// Keys whose values are widened to fp32 at a time (kKeyBlock * head_dim floats, L1-resident), and
-// the native vectors of one head's output held in registers over them.
-constexpr int64_t kKeyBlock = 32;
-constexpr int kHeld = 64 / kW;
-
-// out[C native vectors] += sum over the block's keys j, in order, of p[j] * v[j] (v: row stride D).
-template <int C>
-inline void weigh_values(const float* p, const float* v, int64_t nj, int64_t D, float* out) {
-  vw acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = loadw(out + kW * c);
-  for (int64_t j = 0; j < nj; ++j) {
-    const vw pj = splatw(p[j]);
-    for (int c = 0; c < C; ++c) acc[c] += pj * loadw(v + j * D + kW * c);
-  }
-  for (int c = 0; c < C; ++c) storew(out + kW * c, acc[c]);
-}
-
-// Row r's attention for the query heads that share KV head kvh: out[g][D] = softmax(q_g . K_j *
-// scale) . V_j over the row's key set, for g in the group. Each key row is read and widened to
-// fp32 once for the whole group; value rows are widened a block of keys at a time, and each head's
-// output runs over the block in registers. The sums are those of the 16-lane form above, in the
-// same order: out[d] = (((0 + p_0 v_0[d]) + p_1 v_1[d]) + ...) whatever the blocking.
-template <typename T>
-void attend_group(const LayerDesc& L, const LayerIO& io, int64_t r, int64_t kvh, const float* q, float* out,
-                  std::vector<float>& scores) {
-  const int64_t D = L.head_dim, group = L.n_heads / L.n_kv;
-  const CacheRef& c = io.seqs[io.row_seq[r]];
-  const T* keys = static_cast<const T*>(c.k) + kvh * c.stride_head;
-  const T* values = static_cast<const T*>(c.v) + kvh * c.stride_head;
-  const int64_t n = io.key_hi[r] - io.key_lo[r] + io.extra_off[r + 1] - io.extra_off[r];
-  scores.resize(group * n + kKeyBlock * D);
-  float* vblock = scores.data() + group * n;
-  const int64_t parts = D / kW;  // native vectors a head
-  vw row[kMaxChunks * kParts];
-  for (int64_t j = 0; j < n; ++j) {
-    const T* k = keys + key_slot(io, r, j) * c.stride_slot;
-    for (int64_t i = 0; i < parts; ++i) row[i] = loadw(k + kW * i);
-    for (int64_t g = 0; g < group; ++g) {
-      const float* qg = q + g * D;
-      vw acc[kParts];
-      for (int p = 0; p < kParts; ++p) acc[p] = loadw(qg + kW * p) * row[p];
-      for (int64_t i = kParts; i < parts; i += kParts)
-        for (int p = 0; p < kParts; ++p) acc[p] += loadw(qg + kW * (i + p)) * row[i + p];
-      scores[g * n + j] = parts_total(acc) * L.scale;
-    }
-  }
-  for (int64_t g = 0; g < group; ++g) {
-    float* sg = scores.data() + g * n;
-    float top = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) top = std::max(top, sg[j]);
-    int64_t j = 0;
-    for (; j + kW <= n; j += kW) storew(sg + j, exp_neg(loadw(sg + j) - splatw(top)));
-    for (; j < n; ++j) sg[j] = exp_neg(sg[j] - top);
-    for (int64_t d = 0; d < D; ++d) out[g * D + d] = 0.0f;
-  }
-  for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
-    const int64_t nj = std::min(kKeyBlock, n - j0);
-    for (int64_t j = 0; j < nj; ++j) {
-      const T* v = values + key_slot(io, r, j0 + j) * c.stride_slot;
-      for (int64_t i = 0; i < parts; ++i) storew(vblock + j * D + kW * i, loadw(v + kW * i));
-    }
-    for (int64_t g = 0; g < group; ++g) {
-      const float* p = scores.data() + g * n + j0;
-      float* og = out + g * D;
-      int64_t i = 0;
-      for (; i + kHeld <= parts; i += kHeld) weigh_values<kHeld>(p, vblock + kW * i, nj, D, og + kW * i);
-      for (; i < parts; ++i) weigh_values<1>(p, vblock + kW * i, nj, D, og + kW * i);
-    }
-  }
-  for (int64_t g = 0; g < group; ++g) {
-    const float* sg = scores.data() + g * n;
-    float acc[kLanes] = {0};
-    int64_t j = 0;
-    for (; j + kLanes <= n; j += kLanes)
-      for (int l = 0; l < kLanes; ++l) acc[l] += sg[j + l];
-    for (int l = 0; j + l < n; ++l) acc[l] += sg[j + l];
-    const float inv = 1.0f / lane_total(acc);
-    for (int64_t d = 0; d < D; ++d) out[g * D + d] *= inv;
-  }
-}
+#include "attention_body.h"
 
 // Row r's keys and values of KV head kvh (after RoPE) into its cache slot.
 template <typename T>
@@ -301,6 +179,7 @@ struct Scratch {
   std::vector<float> h, qkv, attn, proj, gu;
   body::QuantBuffers quant;
   TileQueue qkv_tiles, wo_tiles, gate_up_tiles, down_tiles;  // each matmul's tiles, shared by stealing
+  std::vector<int64_t> pieces;  // where the attention's pieces of rows start (cut_pieces)
 };
 
 inline Scratch& scratch() {
@@ -316,7 +195,7 @@ inline void barrier() {
 // heads or blocks between the threads, and no result depends on the split.
 inline void forward_part(const LayerDesc& L, const LayerIO& io, Scratch& s, int64_t th, int64_t nt) {
   const int64_t R = io.R, H = L.hidden, D = L.head_dim, I = L.inter;
-  const int64_t n_q = L.n_heads * D, n_qkv = (L.n_heads + 2 * L.n_kv) * D, group = L.n_heads / L.n_kv;
+  const int64_t n_q = L.n_heads * D, n_qkv = (L.n_heads + 2 * L.n_kv) * D;
   int64_t lo, hi;
   // Thread th's rows of a per-row phase (a norm needs its whole row).
   auto rows = [&](auto&& fn) {
@@ -351,14 +230,13 @@ inline void forward_part(const LayerDesc& L, const LayerIO& io, Scratch& s, int6
     }
   }
   barrier();
-  static thread_local std::vector<float> scores;
-  share(R * L.n_kv, th, nt, lo, hi);
-  for (int64_t i = lo; i < hi; ++i) {
-    const int64_t r = i / L.n_kv, kvh = i % L.n_kv;
-    const float* q = s.qkv.data() + r * n_qkv + kvh * group * D;
-    float* out = s.attn.data() + r * n_q + kvh * group * D;
-    if (io.cache_bf16) attend_group<uint16_t>(L, io, r, kvh, q, out, scores);
-    else attend_group<float>(L, io, r, kvh, q, out, scores);
+  static thread_local AttnScratch attn_scratch;
+  const int64_t pieces = static_cast<int64_t>(s.pieces.size()) - 1;
+  share(pieces * L.n_kv, th, nt, lo, hi);
+  for (int64_t i = lo; i < hi; ++i) {  // a KV head's pieces on one thread where the count allows
+    const int64_t kvh = i / pieces, p = i % pieces, r0 = s.pieces[p], nr = s.pieces[p + 1] - r0;
+    if (io.cache_bf16) attend_rows<uint16_t>(L, io, r0, nr, kvh, s.qkv.data(), n_qkv, s.attn.data(), n_q, attn_scratch);
+    else attend_rows<float>(L, io, r0, nr, kvh, s.qkv.data(), n_qkv, s.attn.data(), n_q, attn_scratch);
   }
   barrier();
   share(R * (n_q / 32), th, nt, lo, hi);
@@ -417,6 +295,7 @@ inline void forward(const LayerDesc& L, const LayerIO& io) {
   s.wo_tiles.reset(L.wo, nt);
   s.gate_up_tiles.reset(L.gate_up, nt);
   s.down_tiles.reset(L.down, nt);
+  cut_pieces(L, io, nt, s.pieces);
 #pragma omp parallel num_threads(nt)
   forward_part(L, io, s, omp_get_thread_num(), omp_get_num_threads());
 }
