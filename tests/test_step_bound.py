@@ -44,6 +44,20 @@ def bound(ms: float, costs=None, limit: int = 64) -> StepBound:
     return StepBound(ms / 1000, costs, batched=True, limit=limit)
 
 
+def watch_decoding(rows, scheduler: Scheduler) -> list[int]:
+    """The streams decoding in each forward `rows` records from now on (the bound holds in those; a
+    forward with nothing decoding feeds its prompts the whole budget)."""
+    decoding: list[int] = []
+    rows.during = lambda blocks: decoding.append(scheduler.running - scheduler.prefilling)
+    return decoding
+
+
+def decode_forwards(rows, decoding: list[int]) -> list[list[int]]:
+    """The recorded forwards in which some stream decodes."""
+    assert len(decoding) == len(rows.forwards), "a forward was not watched"
+    return [f for f, d in zip(rows.forwards, decoding) if d]
+
+
 def test_the_rows_within_a_time_follow_the_measured_costs():
     assert [bound(ms).rows() for ms in (14, 15.9, 16, 40)] == [3, 3, 4, 16]
     assert bound(1).rows() == 1, "a step too slow alone still runs one row"
@@ -51,6 +65,7 @@ def test_the_rows_within_a_time_follow_the_measured_costs():
     assert bound(1, Planner(4, batched=True).costs, limit=12).rows() == 12, "a bound before any cost was measured"
     b14 = bound(14)
     assert b14.rows() == 3 and b14.seats(16) == 3 and b14.pieces(8, 2) == 1 and b14.pieces(8, 3) == 1
+    assert b14.pieces(40, 0) == 40, "with nothing decoding, the prompts' pieces were cut to a bounded step's rows"
     costs = b14.costs
     for _ in range(1000):  # steps of one size only: the discounted line forgets every other size
         costs.observe_rows(6, 0.020)
@@ -122,17 +137,20 @@ def bounded(monkeypatch):
 @pytest.mark.parametrize("bound", [None, 14.0])
 def test_under_the_bound_no_step_holds_more_rows_than_fit_and_the_text_is_the_same(bound, bounded):
     """Six requests on six rows, prompts from 2 to 90 tokens (past the 64-token row-attention limit, so
-    they enter in pieces). Bounded at 14 ms, at most 3 rows a forward (streams, pieces, both), and each
-    request's text is what it gets alone; unbounded, forwards hold all six (the check can fail)."""
+    they enter in pieces). Bounded at 14 ms, at most 3 sequences a forward and at most 3 rows in every
+    forward that a stream decodes in (streams, pieces, both), while a forward with nothing decoding feeds
+    its prompts the whole budget; each request's text is what it gets alone. Unbounded, forwards hold all
+    six (the check can fail)."""
     model, rows, make = bounded
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     prompts = [tokens(n, seed=n) for n in (2, 9, 30, 64, 5, 90)]
     alone = [run_scheduler(make(max_batch=1), [(p, params)])[0].token_ids for p in prompts]
     rows.forwards.clear()
     scheduler = make(max_batch=6, max_step_ms=bound)
+    decoding = watch_decoding(rows, scheduler)
     got = [r.token_ids for r in run_scheduler(scheduler, [(p, params) for p in prompts])]
     assert got == alone, "a bounded step changed a request's text"
-    widest = max(sum(f) for f in rows.forwards)
+    widest = max(sum(f) for f in decode_forwards(rows, decoding))
     most = max(len(f) for f in rows.forwards)
     if bound is None:
         assert most == 6 and widest > 3, f"unbounded, the forwards held at most {most} sequences, {widest} rows"
@@ -140,6 +158,8 @@ def test_under_the_bound_no_step_holds_more_rows_than_fit_and_the_text_is_the_sa
         assert scheduler.seats == 3
         assert "augury_seats 3" in render(scheduler, Counter()).splitlines(), "/metrics does not show the bound"
         assert widest <= 3 and most <= 3, f"a forward held {most} sequences and {widest} rows, over 3"
+        prompt_only = [sum(f) for f, d in zip(rows.forwards, decoding) if not d]
+        assert prompt_only and max(prompt_only) > 3, f"with nothing decoding, prompts were fed {prompt_only} rows"
 
 
 @pytest.mark.parametrize("case", [c for c in PROPOSER_CASES if c.name in ("suffix", "model")], ids=lambda c: c.name)
@@ -152,12 +172,14 @@ def test_drafts_are_cut_to_the_rows_left_and_still_drafted(case, bounded):
     want = [Engine(model).generate(p, params).token_ids for p in prompts]
     rows.forwards.clear()
     scheduler = make(make_proposer(case, model), max_batch=2, k=4, adaptive_k=False, max_step_ms=16.0)
+    decoding = watch_decoding(rows, scheduler)
     got = [r.token_ids for r in run_scheduler(scheduler, [(p, params) for p in prompts])]
     assert got == want, f"{case.name}: text differs from the plain engine's"
     assert scheduler.stats.drafted > 0, f"{case.name} never drafted: the check proved nothing"
     decode = [f for f in rows.forwards if len(f) == 2 and max(f) <= 5]
     assert any(sum(f) > 2 for f in decode), "no forward verified a draft"
-    assert max(sum(f) for f in rows.forwards) <= 4, f"a forward held {max(sum(f) for f in rows.forwards)} rows"
+    widest = max(sum(f) for f in decode_forwards(rows, decoding))
+    assert widest <= 4, f"a forward with streams decoding held {widest} rows"
 
 
 def test_other_threads_read_the_engine_threads_last_count_of_seats(bounded):

@@ -66,7 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="MS",
         help="plan each step (decode rows, drafts and prompt pieces) to take at most MS milliseconds by the "
         "target's measured costs, a bound on every stream's time per output token: sequences past what fits "
-        "wait in the queue (a longer time to first token under load). Default: no bound (up to --max-batch "
+        "wait in the queue (a longer time to first token under load); a step with no stream decoding feeds "
+        "prompts at the full prefill budget. Default: no bound (up to --max-batch "
         "sequences at once, the most tokens per second)",
     )
     g.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask (default 4096)")
