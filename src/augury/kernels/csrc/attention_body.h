@@ -1,5 +1,5 @@
-// The attention of the native layer (layer_body.h, which includes this file inside its namespace
-// after the shared vector helpers): each row's queries against its key set in the KV cache,
+// The attention of the native layer (layer_body.h includes this file inside its namespace, after
+// lanes_body.h): each row's queries against its key set in the KV cache,
 // softmax, and the values weighed by it, for pieces of rows that share one pass over the cache.
 // Every sum runs in 16 lanes and a fixed tree, with no fused multiply-adds, so a row has the same
 // bits on every instruction set, at any row count and in any piece.
