@@ -37,13 +37,17 @@ inline vw lane_tree(vw v) {
   else return lane_tree<W / 2>(v + pick(v, lanes_from<W, kW>(std::make_integer_sequence<int, kW>{})));
 }
 
-// 16 lanes held as kParts native vectors, summed as lane_total sums them: the steps of width kW
-// and above add whole vectors, the rest run on the first vector's lanes.
-inline float parts_total(vw* acc) {
+// 16 lanes held as kParts native vectors, down to one: the steps of lane_total of width kW and above,
+// which add whole vectors.
+inline vw fold_parts(vw* acc) {
   for (int w = kParts / 2; w >= 1; w /= 2)
     for (int p = 0; p < w; ++p) acc[p] += acc[p + w];
-  return lane_tree<kW / 2>(acc[0])[0];
+  return acc[0];
 }
+
+// 16 lanes held as kParts native vectors, summed as lane_total sums them: the whole vectors first,
+// the rest on the first vector's lanes.
+inline float parts_total(vw* acc) { return lane_tree<kW / 2>(fold_parts(acc))[0]; }
 
 // Keys whose values are widened to fp32 at a time (kKeyBlock * head_dim floats, L1-resident), and
 // the native vectors of one head's output held in registers over them.
@@ -60,17 +64,6 @@ inline void weigh_values(const float* p, const float* v, int64_t nj, int64_t D, 
     for (int c = 0; c < C; ++c) acc[c] += pj * loadw(v + j * D + kW * c);
   }
   for (int c = 0; c < C; ++c) storew(out + kW * c, acc[c]);
-}
-
-// Two vectors' lanes picked by constant indices into their concatenation (a's lanes, then b's).
-template <typename V, int... I>
-inline V pick2(V a, V b, std::integer_sequence<int, I...>) {
-#if defined(__clang__)
-  return __builtin_shufflevector(a, b, I...);
-#else
-  typedef int32_t iv __attribute__((vector_size(sizeof(V))));
-  return __builtin_shuffle(a, b, iv{I...});
-#endif
 }
 
 // Lane o of a fold step of half-width H (below): vectors a and b hold blocks of 2H lanes, one block
@@ -98,28 +91,29 @@ inline vw fold_sums(vw* v, int count) {
   else return fold_sums<H / 2>(v, count / 2);
 }
 
-// q . k * scale for one key (k widened, D floats), summed as parts_total sums.
-inline float key_score(const float* q, const float* k, int64_t D, float scale) {
-  vw acc[kParts];
+// q . k's products (k widened, D floats) in 16 lanes held as kParts native vectors: lane l sums the
+// terms d = l (mod 16) in order.
+inline void key_products(const float* q, const float* k, int64_t D, vw* acc) {
   for (int p = 0; p < kParts; ++p) acc[p] = loadw(q + kW * p) * loadw(k + kW * p);
   for (int64_t i = kParts; i < D / kW; i += kParts)
     for (int p = 0; p < kParts; ++p) acc[p] += loadw(q + kW * (i + p)) * loadw(k + kW * (i + p));
+}
+
+// q . k * scale for one key, summed as parts_total sums.
+inline float key_score(const float* q, const float* k, int64_t D, float scale) {
+  vw acc[kParts];
+  key_products(q, k, D, acc);
   return parts_total(acc) * scale;
 }
 
-// The same for kW keys at once (k: kW widened keys, row stride D): out[t] = q . k_t * scale, with
-// every sum's products and additions as key_score's and the lane trees folded together.
+// The same for kW keys at once (k: kW widened keys, row stride D): out[t] = q . k_t * scale, each
+// sum's products and additions as key_score's, the lane trees folded together.
 inline void block_scores(const float* q, const float* k, int64_t D, float scale, float* out) {
   vw sums[kW];
   for (int t = 0; t < kW; ++t) {
-    const float* kt = k + t * D;
     vw acc[kParts];
-    for (int p = 0; p < kParts; ++p) acc[p] = loadw(q + kW * p) * loadw(kt + kW * p);
-    for (int64_t i = kParts; i < D / kW; i += kParts)
-      for (int p = 0; p < kParts; ++p) acc[p] += loadw(q + kW * (i + p)) * loadw(kt + kW * (i + p));
-    for (int w = kParts / 2; w >= 1; w /= 2)
-      for (int p = 0; p < w; ++p) acc[p] += acc[p + w];
-    sums[t] = acc[0];
+    key_products(q, k + t * D, D, acc);
+    sums[t] = fold_parts(acc);
   }
   storew(out, fold_sums<kW / 2>(sums, kW) * splatw(scale));
 }
@@ -171,19 +165,18 @@ void attend_rows(const LayerDesc& L, const LayerIO& io, int64_t r0, int64_t nr, 
   float* vb = s.values.data();
   auto query = [&](int64_t i, int64_t g) { return qkv + (r0 + i) * n_qkv + (kvh * group + g) * D; };
   auto scores = [&](int64_t i, int64_t g) { return s.scores.data() + off[i] + g * n[i]; };
-  // Row i's slots in whole blocks of kW from lo: [cover_lo, cover_hi).
-  auto cover = [&](int64_t i, int64_t& a, int64_t& e) {
+  // Row i's slots in whole blocks of kW counted from lo, [a[i], e[i]) (empty where it holds none).
+  int64_t a[kMaxPiece], e[kMaxPiece];
+  for (int64_t i = 0; i < nr; ++i) {
     const int64_t r = r0 + i;
-    a = std::min(lo + (io.key_lo[r] - lo + kW - 1) / kW * kW, io.key_hi[r]);
-    e = std::max(a, lo + (io.key_hi[r] - lo) / kW * kW);
-  };
+    a[i] = std::min(lo + (io.key_lo[r] - lo + kW - 1) / kW * kW, io.key_hi[r]);
+    e[i] = std::max(a[i], lo + (io.key_hi[r] - lo) / kW * kW);
+  }
 
   for (int64_t s0 = lo; s0 + kW <= hi; s0 += kW) {
     bool widened = false;
     for (int64_t i = 0; i < nr; ++i) {
-      int64_t a, e;
-      cover(i, a, e);
-      if (s0 < a || s0 + kW > e) continue;
+      if (s0 < a[i] || s0 + kW > e[i]) continue;
       if (!widened)
         for (int t = 0; t < kW; ++t) widen(keys, s0 + t, kb + t * D);
       widened = true;
@@ -191,19 +184,16 @@ void attend_rows(const LayerDesc& L, const LayerIO& io, int64_t r0, int64_t nr, 
         block_scores(query(i, g), kb, D, L.scale, scores(i, g) + s0 - io.key_lo[r0 + i]);
     }
   }
+  // Each row's keys outside its blocks, one at a time: its range's ragged ends, then its tree slots.
   for (int64_t i = 0; i < nr; ++i) {
-    const int64_t r = r0 + i, span = io.key_hi[r] - io.key_lo[r];
-    int64_t a, e;
-    cover(i, a, e);
-    for (int64_t j = 0; j < n[i]; ++j) {
-      const int64_t slot = key_slot(io, r, j);
-      if (j < span && slot >= a && slot < e) {
-        j = e - io.key_lo[r] - 1;  // the blocks scored it
-        continue;
-      }
+    const int64_t r = r0 + i, first = io.key_lo[r], span = io.key_hi[r] - first;
+    auto score = [&](int64_t j, int64_t slot) {
       widen(keys, slot, kb);
       for (int64_t g = 0; g < group; ++g) scores(i, g)[j] = key_score(query(i, g), kb, D, L.scale);
-    }
+    };
+    for (int64_t slot = first; slot < a[i]; ++slot) score(slot - first, slot);
+    for (int64_t slot = e[i]; slot < io.key_hi[r]; ++slot) score(slot - first, slot);
+    for (int64_t j = span; j < n[i]; ++j) score(j, key_slot(io, r, j));
   }
 
   for (int64_t i = 0; i < nr; ++i) {

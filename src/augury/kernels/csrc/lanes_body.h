@@ -40,17 +40,20 @@ inline v16 splat(float c) { return v16{c, c, c, c, c, c, c, c, c, c, c, c, c, c,
 // operations in the same order, so every lane has the scalar's bits.
 inline float at_least(float x, float lo) { return std::max(x, lo); }
 
-// Lanes of v picked by constant indices (GCC's __builtin_shuffle since 4.7, Clang's
+// Lanes picked by constant indices (GCC's __builtin_shuffle since 4.7, Clang's
 // __builtin_shufflevector): one register shuffle, where a loop over the lanes went through memory.
+// pick2 indexes a's lanes, then b's; pick picks from one vector.
 template <typename V, int... I>
-inline V pick(V v, std::integer_sequence<int, I...>) {
+inline V pick2(V a, V b, std::integer_sequence<int, I...>) {
 #if defined(__clang__)
-  return __builtin_shufflevector(v, v, I...);
+  return __builtin_shufflevector(a, b, I...);
 #else
   typedef int32_t iv __attribute__((vector_size(sizeof(V))));
-  return __builtin_shuffle(v, iv{I...});
+  return __builtin_shuffle(a, b, iv{I...});
 #endif
 }
+template <typename V, int... I>
+inline V pick(V v, std::integer_sequence<int, I...> lanes) { return pick2(v, v, lanes); }
 template <int... I>
 constexpr std::integer_sequence<int, (I * 0)...> all_lane0(std::integer_sequence<int, I...>) { return {}; }
 template <int W, int N, int... I>
