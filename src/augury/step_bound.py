@@ -55,7 +55,7 @@ class StepBound:
         """Prompt tokens a step beside `decode_rows` rows may feed: `budget` at most, the rows left, and at
         least one token, so that prompts keep entering. With nothing decoding, no stream waits on the step
         (the bound is one on time per output token) and the prompts take the whole budget, as the planner
-        gives it: cut to a bounded step's rows, a lone 700-token prompt was fed a dozen tokens a step."""
+        gives it: cut to a bounded step's rows, a lone prompt was fed only those rows a step."""
         if decode_rows == 0:
             return budget
         return max(1, min(budget, self.rows() - decode_rows))
