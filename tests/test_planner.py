@@ -200,16 +200,21 @@ class _Alone:
         return self.behind
 
 
-@pytest.mark.parametrize("behind, starts", [(20, True), (140, True), (2000, False)])
-def test_a_probe_starts_a_drafter_only_where_its_catch_up_is_cheap(behind, starts):
-    """Past the warm-up, a probe of a sequence alone that may still generate 101 tokens (3.03 s of
-    plain steps) starts its drafter for a 20-token catch-up (40 ms, about one plain step) and for a
-    140-token one (0.28 s: under a tenth of the request's plain time), but not for a 2000-token
-    prompt (4 s: a probe cannot win that back). The probe tries the K next to the plan's (0): 1."""
+@pytest.mark.parametrize("behind, generated, starts", [(20, 0, True), (140, 0, False), (140, 90, True),
+                                                      (2000, 90, False)])
+def test_a_probe_starts_a_drafter_only_where_its_catch_up_is_cheap(behind, generated, starts):
+    """Past the warm-up, a probe of a sequence alone starts its drafter for a 20-token catch-up (40 ms,
+    about one plain step) at once. A 140-token one (0.28 s) waits: with nothing generated the plan
+    spreads a catch-up over 8 tokens (`_catch_up_spread`), and 0.28 s is more than 4 plain steps;
+    90 tokens in (of a request that may still generate 101), it spreads it over 98 tokens, 0.28 s is
+    under a tenth of their plain time (0.29 s), and the probe starts it. A 2000-token prompt (4 s) never: a probe
+    cannot win that back. The probe tries the K next to the plan's (0): 1."""
     planner = Planner(4, batched=False, probe_every=1, curve={1: 30.0, 5: 36.0})
     planner.steps = planner.k_max + 1  # the warm-up is over
     planner.costs.observe_catch_up(100, 0.2)  # 2 ms a token, as measured when a drafter started
-    assert planner.plan([_Alone(behind)]) == ([1] if starts else [0])
+    request = _Alone(behind)
+    request.seq.tokens.extend([5] * generated)
+    assert planner.plan([request]) == ([1] if starts else [0])
     assert planner.probes == 1  # it was a probe in every case
 
 
@@ -344,6 +349,28 @@ def test_a_drafters_catch_up_is_spread_over_how_long_outputs_run():
     assert plan_step(planner.costs, odds, [123], [None], 4, left=[12.0], **args) == [0]
     assert plan_step(planner.costs, odds, [123], [None], 4, left=[12.0], batched=False, behind=[2],
                      choices=(0, 4)) == [4]
+
+
+@pytest.mark.parametrize("behind, generated, starts", [(20, 0, True), (500, 0, False), (500, 40, False),
+                                                      (500, 60, True)])
+def test_a_long_catch_up_waits_until_the_request_has_run_long_enough_to_pay_for_it(behind, generated, starts):
+    """Nothing finished yet, so a request may run to its cap (101 tokens): spread over all of them, a
+    500-token catch-up (1 s at 2 ms a token, 33 plain steps) pays at once. Spread over no more than the
+    tokens the request has generated plus 8, it waits: not at 0 or 40 tokens, drafting from 60 (where
+    the drafts, 3 of 4 tokens accepted at 4 ms a token, win back 1 s over 68 tokens). A 20-token
+    catch-up (40 ms) starts at once."""
+    planner = Planner(4, batched=False, probe_every=0, curve={1: 30.0, 2: 31.0, 3: 32.0, 4: 33.0, 5: 34.0})
+    planner.steps = planner.k_max + 1  # the warm-up is over
+    planner.costs.observe_catch_up(100, 0.2)
+    planner.costs.observe_draft(1, 4, 4 * 0.004)
+    for _ in range(20):
+        planner.record_draft(4, 4)
+        planner.record_verified(4, 3)
+    request = _Alone(behind)
+    request.seq.tokens.extend([5] * generated)
+    assert len(request.seq.output) == generated
+    [k] = planner.plan([request])
+    assert (k > 0) == starts, f"K {k} for a {behind}-token catch-up {generated} tokens in"
 
 
 @pytest.mark.parametrize("planned, plan", [((0, 0), [0]), ((100, 100), [4])])

@@ -19,7 +19,9 @@ common draft length K that maximizes expected tokens per second:
 - reach[i], accept[i] (`DraftOdds`, from `DraftTally`): measured per drafted
   position, since acceptance is strongly correlated along a draft.
 - catch-up: a drafter L tokens behind first feeds them at its measured
-  prefill rate; that one-off cost is spread over the steps a request has left.
+  prefill rate; that one-off cost is spread over the steps a request has left,
+  counted as no more tokens than it has generated so far (plus a few): a
+  drafter starts once the request has run long enough to pay for it.
 
 K = 0 is plain decoding, so whenever drafting does not pay the planner stops
 drafting. The first k_max + 1 steps try every K once; afterwards a probe
@@ -171,6 +173,9 @@ class Planner:
     # second (step_rows), and at least MIN_PROMPT_PIECE prompt tokens; UNMEASURED_PIECE before any two
     # forwards of different sizes were measured.
     PREFILL_EFFICIENCY = 0.9
+    # A drafter's catch-up is spread over at most the tokens its request has generated so far plus these
+    # (see _catch_up_spread).
+    CATCH_UP_LOOKAHEAD = 8
     MIN_PROMPT_PIECE = 8
     UNMEASURED_PIECE = 16
 
@@ -360,7 +365,7 @@ class Planner:
         ks = plan_step(
             self.costs, [odds.scaled(self._alpha(r) / max(self.alpha, 1e-3)) for r in requests], caps, fixed,
             self.k_max, batched=self.batched, behind=[r.catch_up() for r in requests],
-            left=[self._tokens_left(r) for r in requests],
+            left=[self._catch_up_spread(r) for r in requests],
             margin=0.0 if alone else self.DRAFT_MARGIN, choices=candidates,
         )
         self.planned_k = max((k for k, f in zip(ks, fixed) if f is None), default=self.planned_k)
@@ -414,10 +419,24 @@ class Planner:
         """Tokens the request is expected to still generate (`OutputLengths`), at most what it may."""
         return self.costs.lengths.expected_left(len(request.seq.output), request.draft_cap() + 1)
 
+    def _catch_up_spread(self, request: Request) -> float:
+        """Tokens the plan spreads a drafter's catch-up over: what the request is expected to still generate
+        (`_tokens_left`), but no more than it has generated so far plus CATCH_UP_LOOKAHEAD.
+
+        The mean over recent outputs is right on average and wrong for the one request whose answer is
+        short: a RAG prompt of 741 tokens answered in 17, among answers that ran to 128, started the 0.5B
+        on its first step, and its prefill made the request 0.59x plain (docs/benchmarks.md 32f). Capped
+        by what the request has shown, the rule is the ski-rental one: decode without the drafter until
+        the tokens generated would have paid for its catch-up, then start it. A prompt whose catch-up
+        costs about a step starts its drafter within a few tokens; a long prompt starts it only for an
+        answer that runs long, and until then its matcher (a hybrid's) drafts alone, for free.
+        """
+        return min(self._tokens_left(request), len(request.seq.output) + self.CATCH_UP_LOOKAHEAD)
+
     def _start_is_cheap(self, request: Request) -> bool:
         """Whether a probe may start this sequence's drafter: its catch-up (a draft model's prefill of
-        the whole sequence) costs at most PROBE_START_SHARE of the plain time of what the request is
-        expected to still generate (`_tokens_left`), or PROBE_START_STEPS plain steps, whichever is
+        the whole sequence) costs at most PROBE_START_SHARE of the plain time of the tokens the plan
+        spreads a catch-up over (`_catch_up_spread`), or PROBE_START_STEPS plain steps, whichever is
         more, at the measured rates.
 
         A probe measures one step; on a long prompt, starting a model drafter for it costs more than
@@ -427,7 +446,7 @@ class Planner:
         (`plan_step`'s `behind`).
         """
         step = self.costs.target_time(1, 1)
-        allowed = max(self.PROBE_START_STEPS * step, self.PROBE_START_SHARE * step * self._tokens_left(request))
+        allowed = max(self.PROBE_START_STEPS * step, self.PROBE_START_SHARE * step * self._catch_up_spread(request))
         return request.catch_up() * self.costs.catch_up_per_token <= allowed
 
     @staticmethod
