@@ -351,6 +351,26 @@ def test_a_drafters_catch_up_is_spread_over_how_long_outputs_run():
                      choices=(0, 4)) == [4]
 
 
+def test_a_catch_up_is_priced_as_one_drafter_forward_plus_a_rate_per_token():
+    """A warm-up started its drafter on 1 token in 16 ms, one drafter forward (a drafting round takes
+    16 ms): that says nothing of a per-token rate, so a 52-token catch-up is priced one forward, not 52
+    of them (0.83 s: at that price the 0.5B was never started for a 52-token prompt). A 52-token catch-up
+    measured at 115 ms then sets the rate, (115 - 16) ms over the tokens seen, and a 741-token one is
+    priced one forward plus 741 of those."""
+    from augury.step_costs import StepCosts
+
+    costs = StepCosts()
+    assert costs.catch_up_time(52) == 0.0  # nothing measured: free, so the planner tries
+    costs.observe_catch_up(1, 0.016)  # before any drafting round was measured, as a start comes first
+    costs.observe_draft(1, 4, 4 * 0.016)
+    assert costs.catch_up_time(52) == pytest.approx(0.016)
+    assert costs.catch_up_time(0) == 0.0
+    costs.observe_catch_up(52, 0.115)
+    rate = (0.115 - 0.016) / (52 + (1 - StepCosts.CATCH_UP_SMOOTHING) * 1)
+    assert costs.catch_up_time(741) == pytest.approx(0.016 + 741 * rate)
+    assert 1.3 < costs.catch_up_time(741) < 1.5
+
+
 @pytest.mark.parametrize("behind, generated, starts", [(20, 0, True), (500, 0, False), (500, 40, False),
                                                       (500, 60, True)])
 def test_a_long_catch_up_waits_until_the_request_has_run_long_enough_to_pay_for_it(behind, generated, starts):

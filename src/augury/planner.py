@@ -18,8 +18,8 @@ common draft length K that maximizes expected tokens per second:
   batching drafter serves all drafting sequences in one forward per round.
 - reach[i], accept[i] (`DraftOdds`, from `DraftTally`): measured per drafted
   position, since acceptance is strongly correlated along a draft.
-- catch-up: a drafter L tokens behind first feeds them at its measured
-  prefill rate; that one-off cost is spread over the steps a request has left,
+- catch-up: a drafter L tokens behind first feeds them (priced as one
+  drafter forward plus a measured per-token rate); that one-off cost is spread over the steps a request has left,
   counted as no more tokens than it has generated so far (plus a few): a
   drafter starts once the request has run long enough to pay for it.
 
@@ -122,7 +122,7 @@ def plan_step(
         for o, kr, late, tokens_left in zip(odds, ks, behind, left):
             if kr > 0 and late:
                 steps_left = max(1.0, tokens_left / o.tokens(kr))
-                draft_s += late * costs.catch_up_per_token / steps_left
+                draft_s += costs.catch_up_time(late) / steps_left
         seconds = verify_time(costs, odds, ks, drafted=drafted) + draft_s
         rate = tokens / max(seconds, 1e-9)
         # Drafting must beat plain decoding by a margin, not a hair: the
@@ -447,7 +447,7 @@ class Planner:
         """
         step = self.costs.target_time(1, 1)
         allowed = max(self.PROBE_START_STEPS * step, self.PROBE_START_SHARE * step * self._catch_up_spread(request))
-        return request.catch_up() * self.costs.catch_up_per_token <= allowed
+        return self.costs.catch_up_time(request.catch_up()) <= allowed
 
     @staticmethod
     def _probe(

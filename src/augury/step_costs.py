@@ -5,7 +5,7 @@ shape once it was seen a few times, a discounted least-squares line over all
 sizes before that); `StepCosts` holds one for the batched target step by
 (rows, block), one for a target forward by its activation rows alone (ragged
 steps and prompt pieces: `Planner.step_rows`), one for drafting rounds, the
-drafter's catch-up rate, and how long outputs run (`OutputLengths`, what a
+drafter's catch-up (one forward plus a per-token rate), and how long outputs run (`OutputLengths`, what a
 catch-up is spread over). Split from planner.py, which decides with them.
 """
 
@@ -98,12 +98,14 @@ class StepCosts:
     # Weight of a new catch-up sample in the drafter's per-token prefill rate:
     # a running mean that follows drift without jumping at one sample.
     CATCH_UP_SMOOTHING = 0.2
+    CATCH_UPS_KEPT = 16  # catch-ups remembered (older ones weigh (1 - CATCH_UP_SMOOTHING) per newer one)
 
     def __init__(self) -> None:
         self.target = ShapeCosts()
         self.rows = ShapeCosts()  # a target forward by its activation rows alone (ragged blocks, prompt pieces)
         self.draft = ShapeCosts()
-        self.catch_up_per_token = 0.0  # drafter seconds per token it must catch up on (its prefill rate)
+        # The drafter's last catch-ups, (tokens, seconds): what `catch_up_time` prices by.
+        self.catch_ups: collections.deque[tuple[int, float]] = collections.deque(maxlen=self.CATCH_UPS_KEPT)
         self.lengths = OutputLengths()  # how long outputs run: what a catch-up is spread over
 
     def observe_target(self, rows: int, block: int, seconds: float) -> None:
@@ -128,7 +130,28 @@ class StepCosts:
         return self.draft.time(rows, rows)
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
-        per_token = seconds / tokens
-        old = self.catch_up_per_token
-        a = self.CATCH_UP_SMOOTHING
-        self.catch_up_per_token = per_token if old == 0.0 else (1 - a) * old + a * per_token
+        """A drafter fed `tokens` tokens of a sequence before drafting (its start) in `seconds`."""
+        self.catch_ups.append((tokens, seconds))
+
+    def catch_up_time(self, tokens: int) -> float:
+        """Seconds a drafter takes to feed `tokens` tokens before drafting: one drafter forward (reading its
+        weights once) plus a per-token rate measured over the catch-ups beyond that forward.
+
+        A rate alone, seconds over tokens, billed every token for the weights'
+        read: a warm-up's one-token catch-up measured 12 ms a token where a
+        52-token one costs about 1 ms a token, and priced so, a 52-token prompt
+        never started its drafter (docs/benchmarks.md 33).
+        """
+        if tokens <= 0:
+            return 0.0
+        forward = self._drafter_forward()  # as measured now: the first catch-up comes before any round
+        keep, weight, excess, seen = 1.0 - self.CATCH_UP_SMOOTHING, 1.0, 0.0, 0.0
+        for fed, seconds in reversed(self.catch_ups):
+            excess += weight * max(0.0, seconds - forward)
+            seen += weight * fed
+            weight *= keep
+        return forward + tokens * (excess / seen if seen else 0.0)
+
+    def _drafter_forward(self) -> float:
+        """One drafting round for one sequence, as measured (0 before any)."""
+        return self.draft.time(1, 1) if self.draft.recent else 0.0
