@@ -19,9 +19,10 @@ common draft length K that maximizes expected tokens per second:
 - reach[i], accept[i] (`DraftOdds`, from `DraftTally`): measured per drafted
   position, since acceptance is strongly correlated along a draft.
 - catch-up: a drafter L tokens behind first feeds them (priced as one
-  drafter forward plus a measured per-token rate); that one-off cost is spread over the steps a request has left,
-  counted as no more tokens than it has generated so far (plus a few): a
-  drafter starts once the request has run long enough to pay for it.
+  drafter forward plus a measured per-token rate); that one-off cost is
+  spread over the steps a request has left, counted as no more tokens than
+  it has generated so far (plus a few): a drafter starts once the request
+  has run long enough to pay for it.
 
 K = 0 is plain decoding, so whenever drafting does not pay the planner stops
 drafting. The first k_max + 1 steps try every K once; afterwards a probe

@@ -5,8 +5,8 @@ shape once it was seen a few times, a discounted least-squares line over all
 sizes before that); `StepCosts` holds one for the batched target step by
 (rows, block), one for a target forward by its activation rows alone (ragged
 steps and prompt pieces: `Planner.step_rows`), one for drafting rounds, the
-drafter's catch-up (one forward plus a per-token rate), and how long outputs run (`OutputLengths`, what a
-catch-up is spread over). Split from planner.py, which decides with them.
+drafter's catch-up (one forward plus a per-token rate), and how long outputs
+run (`OutputLengths`, what a catch-up is spread over). Split from planner.py, which decides with them.
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ class StepCosts:
 
         A rate alone, seconds over tokens, billed every token for the weights'
         read: a warm-up's one-token catch-up measured 12 ms a token where a
-        52-token one costs about 1 ms a token, and priced so, a 52-token prompt
-        never started its drafter (docs/benchmarks.md 33).
+        52-token one costs about 2 ms a token beyond its forward, and priced so,
+        a 52-token prompt never started its drafter (docs/benchmarks.md 33b).
         """
         if tokens <= 0:
             return 0.0
