@@ -109,6 +109,7 @@ def plan_step(
     rows = len(odds)
     behind = behind or [0] * rows
     left = left or [cap + 1 for cap in caps]
+    catch_up_s = [costs.catch_up_time(late) for late in behind]  # per sequence, whatever K
     best, best_rate = [0] * rows, -1.0
     for k in range(k_max + 1) if choices is None else sorted(choices):
         ks = [min(f if f is not None else k, cap) for f, cap in zip(fixed, caps)]
@@ -120,10 +121,10 @@ def plan_step(
             draft_s = max(kr for _, kr in drafting) * costs.draft_round_time(len(drafting))
         else:
             draft_s = sum(o.drafted(kr) for o, kr in drafting) * costs.draft_round_time(1)
-        for o, kr, late, tokens_left in zip(odds, ks, behind, left):
-            if kr > 0 and late:
+        for o, kr, late_s, tokens_left in zip(odds, ks, catch_up_s, left):
+            if kr > 0 and late_s:
                 steps_left = max(1.0, tokens_left / o.tokens(kr))
-                draft_s += costs.catch_up_time(late) / steps_left
+                draft_s += late_s / steps_left
         seconds = verify_time(costs, odds, ks, drafted=drafted) + draft_s
         rate = tokens / max(seconds, 1e-9)
         # Drafting must beat plain decoding by a margin, not a hair: the
