@@ -461,3 +461,31 @@ def test_a_cost_curves_points_are_read_as_measured_until_the_run_measures_them()
     for _ in range(5):
         planner.costs.observe_target(1, 1, 0.060)
     assert planner.costs.target_time(1, 1) == pytest.approx(0.060)
+
+
+def test_a_drafter_priced_out_in_a_slow_spell_is_measured_again():
+    """The drafter's first start (60 tokens in 0.9 s) and rounds (40 ms) were measured in a slow spell:
+    at that price a probe does not start it for a 40-token catch-up (0.61 s, 20 plain steps), and no
+    plan does, so nothing would ever measure it again. After REMEASURE_AFTER requests finished without
+    it, a probe starts it for a catch-up no longer than one paid before (not for a longer one), and what
+    that start and its round measure replace the old prices instead of joining them."""
+    from augury.step import DraftRound, StepReport
+    from augury.verify import VerifyResult
+
+    planner = Planner(4, batched=False, probe_every=1, curve={1: 30.0, 5: 36.0})
+    planner.steps = planner.k_max + 1  # the warm-up is over
+    planner.observe_draft([], [], DraftRound(1, 4, 4 * 0.040, True, 60, 0.9, forwards=4))
+    short, long = _Alone(40), _Alone(100)
+    assert planner.plan([short]) == [0]
+    for _ in range(Planner.REMEASURE_AFTER):
+        finished = _Alone(0)
+        finished.done = True
+        planner.observe_step(StepReport([VerifyResult(0, 0, [0])], [[]], {}, 1, 0.03, 0.03), [finished])
+    planner.probe_timer = ProbeTimer(1)
+    assert planner.plan([long]) == [0]  # longer than any start paid before
+    planner.probe_timer = ProbeTimer(1)
+    assert planner.plan([short]) == [1]
+    assert planner.costs.catch_up_time(40) > 0.5  # the old prices stand until the new ones come
+    planner.observe_draft([], [], DraftRound(1, 1, 0.013, True, 40, 0.1, forwards=1))
+    assert planner.costs.draft_round_time(1) == pytest.approx(0.013)
+    assert planner.costs.catch_up_time(40) == pytest.approx(0.1)

@@ -178,6 +178,8 @@ class Planner:
     # A drafter's catch-up is spread over at most the tokens its request has generated so far plus these
     # (see _catch_up_spread).
     CATCH_UP_LOOKAHEAD = 8
+    # A drafter that ran in none of this many finished requests is measured again (see _remeasure).
+    REMEASURE_AFTER = 4
     MIN_PROMPT_PIECE = 8
     UNMEASURED_PIECE = 16
 
@@ -219,6 +221,8 @@ class Planner:
         self.probes = 0
         self.planned_k = 0  # the K the cost model chose last (probes try its neighbours)
         self.probe_timer = ProbeTimer(probe_every)
+        self.idle_requests = 0  # requests finished since the drafter last ran (a drafting round or a start)
+        self.longest_catch_up = 0  # tokens of the longest drafter start measured
 
     # -- what the steps measured ------------------------------------------------------------
 
@@ -234,6 +238,9 @@ class Planner:
                 self.planned[request.seq.id] = allowed
         if measured.started_tokens:
             self.costs.observe_catch_up(measured.started_tokens, measured.start_s)
+            self.longest_catch_up = max(self.longest_catch_up, measured.started_tokens)
+        if measured.started_tokens or measured.forwards:
+            self.idle_requests = 0
         if measured.rounds and measured.in_step and measured.forwards:  # a round that ran no model is free
             self.costs.observe_draft(measured.rows, measured.rounds, measured.seconds)
 
@@ -244,6 +251,7 @@ class Planner:
                 continue
             if request.done:  # how long outputs run, for what a drafter's catch-up is spread over
                 self.costs.lengths.observe(len(request.seq.output))
+                self.idle_requests += 1
             allowed = self.planned.pop(request.seq.id, 0)
             if allowed:
                 self.record_draft(allowed, result.num_drafted)
@@ -361,7 +369,8 @@ class Planner:
             neighbours = lower[-1:] + higher[:1]
             probe = neighbours[self.probes % len(neighbours)]
         if probe is not None:
-            may_start = self.steps <= self.k_max + 1 or (alone and self._start_is_cheap(requests[0]))
+            may_start = self.steps <= self.k_max + 1 or (
+                alone and (self._start_is_cheap(requests[0]) or self._remeasure(requests[0])))
             return self._probe(requests, probe, caps, fixed, may_start=may_start)
         odds = self.tally.odds()
         ks = plan_step(
@@ -450,6 +459,24 @@ class Planner:
         step = self.costs.target_time(1, 1)
         allowed = max(self.PROBE_START_STEPS * step, self.PROBE_START_SHARE * step * self._catch_up_spread(request))
         return self.costs.catch_up_time(request.catch_up()) <= allowed
+
+    def _remeasure(self, request: Request) -> bool:
+        """Whether a probe may start an idle drafter to measure it again, whatever its price: it has run
+        in none of the last REMEASURE_AFTER finished requests, and this sequence's catch-up is no longer
+        than one it was started for before. Its measurements are then marked stale (the probe's start
+        and round replace them).
+
+        A price is corrected only by running: a drafter whose first rounds met a slow spell of a shared
+        machine (23 ms a round, where 13 is usual) was priced out of every later request of the
+        process, its probes included (docs/benchmarks.md 34a). A slow spell slows the target too, whose
+        price every step corrects. The length bound keeps the cost of a retry to starts already paid
+        once, so a long prompt never starts a drafter here.
+        """
+        if self.idle_requests < self.REMEASURE_AFTER or not 0 < request.catch_up() <= self.longest_catch_up:
+            return False
+        self.costs.expire_drafter()
+        self.idle_requests = 0
+        return True
 
     @staticmethod
     def _probe(

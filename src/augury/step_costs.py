@@ -107,6 +107,8 @@ class StepCosts:
         # The drafter's last catch-ups, (tokens, seconds): what `catch_up_time` prices by.
         self.catch_ups: collections.deque[tuple[int, float]] = collections.deque(maxlen=self.CATCH_UPS_KEPT)
         self.lengths = OutputLengths()  # how long outputs run: what a catch-up is spread over
+        # Set by `expire_drafter`: the drafter's next round and next catch-up replace what was measured.
+        self._stale_rounds = self._stale_catch_ups = False
 
     def observe_target(self, rows: int, block: int, seconds: float) -> None:
         self.target.observe((rows, block), rows * block, seconds)
@@ -122,6 +124,8 @@ class StepCosts:
 
     def observe_draft(self, rows: int, rounds: int, seconds: float) -> None:
         """`rounds` drafting rounds over `rows` sequences each took `seconds` in all."""
+        if self._stale_rounds:
+            self.draft, self._stale_rounds = ShapeCosts(), False
         self.draft.observe(rows, rows, seconds / rounds)
 
     def draft_round_time(self, rows: int) -> float:
@@ -131,7 +135,16 @@ class StepCosts:
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         """A drafter fed `tokens` tokens of a sequence before drafting (its start) in `seconds`."""
+        if self._stale_catch_ups:
+            self.catch_ups.clear()
+            self._stale_catch_ups = False
         self.catch_ups.append((tokens, seconds))
+
+    def expire_drafter(self) -> None:
+        """Mark the drafter's measurements stale: its next drafting round and its next catch-up replace
+        what was measured before, instead of joining it. Until then the old prices stand, so nothing
+        is priced free meanwhile (`Planner._remeasure` says when)."""
+        self._stale_rounds = self._stale_catch_ups = True
 
     def catch_up_time(self, tokens: int) -> float:
         """Seconds a drafter takes to feed `tokens` tokens before drafting: one drafter forward (reading its
