@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from augury.planner import DraftOdds, DraftTally, Planner, ProbeTimer, StepCosts, plan_step, verify_time
+from augury.planner import DraftOdds, DraftTally, Planner, ProbeTimer, StepCosts
+from augury.step_rate import plan_step, verify_time
 
 
 def _odds(alpha: float, n: int) -> list[DraftOdds]:
@@ -371,6 +372,27 @@ def test_a_catch_up_is_priced_as_one_drafter_forward_plus_a_rate_per_token():
     assert 1.3 < costs.catch_up_time(741) < 1.5
 
 
+def test_a_catch_up_of_a_few_steps_is_not_capped():
+    """A 50-token catch-up at one 12 ms drafter forward plus 2 ms a token (112 ms) is under
+    CHEAP_CATCH_UP_STEPS (8) plain steps (240 ms): spread over the 101 tokens the request may generate it pays at once (K > 0), where spread
+    over the 8 tokens the cap allows at the first token it would not (drafting rounds of 12 ms, 3 of 4
+    drafted tokens accepted). An 84-token prompt's catch-up of about 5 steps under the cap started the
+    0.5B 17 tokens into its answer (docs/benchmarks.md 33d, 34a)."""
+    planner = Planner(4, batched=False, probe_every=0, curve={1: 30.0, 2: 31.0, 3: 32.0, 4: 33.0, 5: 34.0})
+    planner.steps = planner.k_max + 1  # the warm-up is over
+    planner.costs.observe_draft(1, 4, 4 * 0.012)
+    planner.costs.observe_catch_up(100, 0.012 + 0.2)
+    for _ in range(20):
+        planner.record_draft(4, 4)
+        planner.record_verified(4, 3)
+    request = _Alone(50)
+    assert planner.costs.catch_up_time(50) == pytest.approx(0.112)
+    assert planner._catch_up_spread(request) == 101
+    [k] = planner.plan([request])
+    assert k > 0
+    assert plan_step(planner.costs, [planner.tally.odds()], [100], [None], 4, behind=[50], left=[8.0]) == [0]
+
+
 @pytest.mark.parametrize("behind, generated, starts", [(20, 0, True), (500, 0, False), (500, 40, False),
                                                       (500, 60, True)])
 def test_a_long_catch_up_waits_until_the_request_has_run_long_enough_to_pay_for_it(behind, generated, starts):
@@ -489,3 +511,33 @@ def test_a_drafter_priced_out_in_a_slow_spell_is_measured_again():
     planner.observe_draft([], [], DraftRound(1, 1, 0.013, True, 40, 0.1, forwards=1))
     assert planner.costs.draft_round_time(1) == pytest.approx(0.013)
     assert planner.costs.catch_up_time(40) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("free_accepted, drafts", [(0, True), (100, False)])
+def test_a_hybrids_model_must_beat_its_matcher_before_a_dear_catch_up(free_accepted, drafts):
+    """A 200-token catch-up (0.41 s, 14 plain steps of 30 ms) 100 tokens into a request: the model's drafts
+    (the first token always accepted, all four a fifth of the time, 4 ms a token) win it back against plain
+    decoding, so the plan starts the drafter where the request's free (matcher) drafts committed nothing.
+    Where they committed a token more a step over its 100 steps (a summary copying its prompt), K = 0 is
+    worth about 1.96 tokens a 30 ms step, and the catch-up is not paid. A request whose drafter runs (no
+    catch-up) is planned against plain decoding: its matcher's good drafts are still taken at K > 0."""
+    curve = {1: 30.0, 2: 30.2, 3: 30.4, 4: 30.6, 5: 30.8}
+    planner = Planner(4, batched=False, probe_every=0, curve=curve)
+    planner.steps = planner.k_max + 2  # past the warm-up, between probes
+    planner.costs.observe_draft(1, 4, 4 * 0.004)
+    planner.costs.observe_catch_up(100, 0.004 + 0.2)  # 2 ms a token beyond one forward
+    for i in range(100):
+        planner.record_draft(4, 4)
+        planner.record_verified(4, 1 if i % 5 else 4)
+    late, running = _Alone(200), _Alone(0)
+    running.started = True
+    for request in (late, running):
+        request.seq.tokens.extend([5] * 100)
+        request.stats.steps, request.stats.accepted = 100, free_accepted
+    assert planner._catch_up_is_dear(late) and not planner._catch_up_is_dear(running)
+    free = planner._free_tokens(late)
+    assert free == pytest.approx(free_accepted / (100 + 4))
+    [k] = planner.plan([late])
+    assert (k > 0) == drafts, f"K {k}: free {free:.2f} a step, the model's K = 4 {planner.tally.odds().tokens(4):.2f}"
+    [k] = planner.plan([running])
+    assert k > 0

@@ -27,7 +27,7 @@ import pytest
 
 from augury.engine import Engine
 from augury.errors import AuguryError
-from augury.planner import plan_step
+from augury.step_rate import plan_step
 from augury.proposers.draft_model import DraftModelProposer
 from augury.sampling import SamplingParams
 from augury.scheduler import Failed, Finished, Scheduler, SchedulerConfig

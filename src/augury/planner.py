@@ -3,26 +3,13 @@
 Verifying K drafted tokens is nearly free for one sequence, but a batch of
 sequences can fill the hardware, and then every drafted token costs real
 target time (plus the drafter's own). Before each step the planner picks the
-common draft length K that maximizes expected tokens per second:
-
-    rate(K) = sum_r E_r(k_r) / (t_target(n, 1 + max_r k_r) + t_draft(K))
-    E_r(k)  = 1 + sum_{i<k} reach[i] * accept_r[i]   (accepted prefix + the target's token)
-    k_r     = min(K, tokens request r may still draft)
-
-- t_target(rows, T) (`StepCosts`): seconds of one step with `rows` sequences
-  and blocks of T tokens: the median of its last samples once that shape was
-  seen a few times, before that a least-squares line over all shapes. With too
-  little data the line is flat (verification looks free), so the planner
-  drafts and learns.
-- t_draft(K): drafting rounds times the measured seconds of one round; a
-  batching drafter serves all drafting sequences in one forward per round.
-- reach[i], accept[i] (`DraftOdds`, from `DraftTally`): measured per drafted
-  position, since acceptance is strongly correlated along a draft.
-- catch-up: a drafter L tokens behind first feeds them (priced as one
-  drafter forward plus a measured per-token rate); that one-off cost is
-  spread over the steps a request has left, counted as no more tokens than
-  it has generated so far (plus a few): a drafter starts once the request
-  has run long enough to pay for it.
+common draft length K that maximizes expected tokens per second (the rate
+and its terms: `step_rate.py`), from costs it measures (`StepCosts`) and
+acceptance by draft position (`DraftTally`). A drafter's catch-up (its
+prefill of the sequence) is paid at once where it costs a few plain steps;
+a dearer one is spread over no more tokens than the request has generated
+(plus a few), and for a hybrid must beat what its free matcher drafts
+already commit: a drafter starts once the request has shown it pays.
 
 K = 0 is plain decoding, so whenever drafting does not pay the planner stops
 drafting. The first k_max + 1 steps try every K once; afterwards a probe
@@ -42,12 +29,12 @@ recorded in docs/design.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 from augury.draft_odds import DraftOdds, DraftTally
 from augury.request import Request
 from augury.step import DraftRound, StepReport
 from augury.step_costs import ShapeCosts, StepCosts
+from augury.step_rate import plan_step, verify_time
 
 __all__ = ["DraftOdds", "DraftTally", "Planner", "ProbeTimer", "ShapeCosts", "StepCosts", "plan_step"]
 
@@ -76,88 +63,6 @@ class ProbeTimer:
         return True
 
 
-def plan_step(
-    costs: StepCosts,
-    odds: list[DraftOdds],
-    caps: list[int],
-    fixed: list[int | None],
-    k_max: int,
-    *,
-    batched: bool = False,
-    behind: list[int] | None = None,
-    left: list[float] | None = None,
-    margin: float = 0.0,
-    choices: Sequence[int] | None = None,
-    drafted: bool = False,
-) -> list[int]:
-    """Per-sequence draft lengths for one step: the common K that maximizes expected tokens per second.
-
-    odds: what drafting delivers for each sequence; caps: most tokens each may
-    draft now; fixed: a draft length a sequence must use (seeded sampling) or
-    None. batched: the drafter serves all drafting sequences in one forward per
-    round (rounds = the longest draft), rather than one sequence at a time.
-    behind: tokens each sequence's drafter must first catch up on (all of them
-    if it never drafted). That one-off cost buys drafting for the rest of the
-    request, so it is spread over the steps the request has left (left[r]
-    tokens, default caps[r] + 1, at E_r(k) a step).
-    margin: how much faster than plain decoding (K = 0) drafting must be
-    predicted to be before it is chosen (0.1 = 10%).
-    choices: the common Ks to consider (default 0..k_max).
-    drafted: the drafts are already made (their cost is spent), so only the
-    target's forward is priced: how much of each draft to verify (`Planner.trim`).
-    """
-    rows = len(odds)
-    behind = behind or [0] * rows
-    left = left or [cap + 1 for cap in caps]
-    catch_up_s = [costs.catch_up_time(late) for late in behind]  # per sequence, whatever K
-    best, best_rate = [0] * rows, -1.0
-    for k in range(k_max + 1) if choices is None else sorted(choices):
-        ks = [min(f if f is not None else k, cap) for f, cap in zip(fixed, caps)]
-        tokens = sum(o.tokens(kr) for o, kr in zip(odds, ks))
-        drafting = [(o, kr) for o, kr in zip(odds, ks) if kr > 0]
-        if not drafting or drafted:
-            draft_s = 0.0
-        elif batched and len(drafting) > 1:
-            draft_s = max(kr for _, kr in drafting) * costs.draft_round_time(len(drafting))
-        else:
-            draft_s = sum(o.drafted(kr) for o, kr in drafting) * costs.draft_round_time(1)
-        for o, kr, late_s, tokens_left in zip(odds, ks, catch_up_s, left):
-            if kr > 0 and late_s:
-                steps_left = max(1.0, tokens_left / o.tokens(kr))
-                draft_s += late_s / steps_left
-        seconds = verify_time(costs, odds, ks, drafted=drafted) + draft_s
-        rate = tokens / max(seconds, 1e-9)
-        # Drafting must beat plain decoding by a margin, not a hair: the
-        # estimates are noisy, and a wrong "draft" costs speed while a wrong
-        # "don't" only forgoes it.
-        needed = best_rate * (1 + margin) if k > 0 and not any(best) else best_rate * (1 + 1e-9)
-        if rate > needed:
-            best, best_rate = ks, rate
-    return best
-
-
-def verify_time(costs: StepCosts, odds: list[DraftOdds], ks: list[int], *, drafted: bool = False) -> float:
-    """Seconds of the target's forward that verifies drafts of up to ks[r] tokens.
-
-    A batch's forward is as wide as its longest draft allows. A sequence alone
-    verifies what its drafter drafted, which for one that stops when it doubts
-    is often less than it was allowed: its forward's expected cost over the
-    drafted length d (reach[i] = P(d > i)),
-        t(1) + sum_{i<k} reach[i] * (t(i + 2) - t(i + 1)).
-    Priced at the full width instead, a long allowance looked as dear as a
-    long draft, and where verification is steep (a CPU with one integer
-    multiply pipe, docs/benchmarks.md 28) that hid the short drafts that pay.
-    """
-    if len(ks) > 1 or drafted or ks[0] == 0:  # made drafts (trim) are verified at their own length
-        return costs.target_time(len(ks), 1 + max(ks))
-    seconds = previous = costs.target_time(1, 1)
-    for i, reach in enumerate(odds[0].reach[: ks[0]]):
-        wider = costs.target_time(1, i + 2)
-        seconds += reach * (wider - previous)
-        previous = wider
-    return seconds
-
-
 class Planner:
     """The scheduler's choice of K per step: warm-up, probes, and `plan_step` over measured costs."""
 
@@ -178,6 +83,8 @@ class Planner:
     # A drafter's catch-up is spread over at most the tokens its request has generated so far plus these
     # (see _catch_up_spread).
     CATCH_UP_LOOKAHEAD = 8
+    # A drafter's catch-up of at most this many plain steps is paid at once (see _catch_up_is_dear).
+    CHEAP_CATCH_UP_STEPS = 8
     # A drafter that ran in none of this many finished requests is measured again (see _remeasure).
     REMEASURE_AFTER = 4
     MIN_PROMPT_PIECE = 8
@@ -338,6 +245,25 @@ class Planner:
         w = DraftTally.PRIOR_WEIGHT
         return (request.planned_accepted + w * self.alpha) / (request.planned_drafted + w)
 
+    @staticmethod
+    def _free_tokens(request: Request) -> float:
+        """Tokens beyond one that a step of this request commits from free drafts (a hybrid's matcher): what
+        its drafts that the plan did not buy committed, over all its steps (a step that verified a model's
+        draft counts as none: there the matcher had little to offer), pulled towards 0 by
+        DraftTally.PRIOR_WEIGHT steps' worth of doubt.
+
+        For a hybrid, K = 0 is not plain decoding. Priced as if it were, a summary that copies its
+        prompt (its matcher's drafts committing about one token more a step) started the 0.5B on a
+        709-token prompt: 1.5 s of drafting, most of it the catch-up, for the tau the matcher had alone,
+        1.23x plain against 1.78x (docs/benchmarks.md 34b). The plan weighs it only against a dear
+        catch-up (`_catch_up_is_dear`): once started, a hybrid still takes its matcher's drafts where
+        they are the better guess, so K > 0 forgoes little of them; and a cheap start is how the
+        model's acceptance on this request gets measured at all (weighed against every step's free
+        tokens, math prompts at T 0.7 never started the 0.5B, whose tau there is 2.2-3.3).
+        """
+        free = request.stats.accepted - request.planned_accepted
+        return max(0, free) / (request.stats.steps + DraftTally.PRIOR_WEIGHT)
+
     # -- the plan ---------------------------------------------------------------------------
 
     def plan(self, requests: list[Request]) -> list[int]:
@@ -378,6 +304,7 @@ class Planner:
             self.k_max, batched=self.batched, behind=[r.catch_up() for r in requests],
             left=[self._catch_up_spread(r) for r in requests],
             margin=0.0 if alone else self.DRAFT_MARGIN, choices=candidates,
+            free=[self._free_tokens(r) if self._catch_up_is_dear(r) else 0.0 for r in requests],
         )
         self.planned_k = max((k for k, f in zip(ks, fixed) if f is None), default=self.planned_k)
         return ks
@@ -441,8 +368,27 @@ class Planner:
         the tokens generated would have paid for its catch-up, then start it. A prompt whose catch-up
         costs about a step starts its drafter within a few tokens; a long prompt starts it only for an
         answer that runs long, and until then its matcher (a hybrid's) drafts alone, for free.
+
+        A catch-up of at most CHEAP_CATCH_UP_STEPS plain steps (`_catch_up_is_dear`) is too small to guard,
+        and is spread over all the tokens left: capped, an 84-token prompt's (about 5 steps) started the
+        0.5B 17 tokens into its answer and halved its tau (docs/benchmarks.md 33d, 34a).
         """
+        if not self._catch_up_is_dear(request):
+            return self._tokens_left(request)
         return min(self._tokens_left(request), len(request.seq.output) + self.CATCH_UP_LOOKAHEAD)
+
+    def _catch_up_is_dear(self, request: Request) -> bool:
+        """Whether the sequence's drafter has a catch-up ahead of it (a start, or a long wait to make up)
+        that costs more than CHEAP_CATCH_UP_STEPS plain steps at the measured rates. A cheap one is simply
+        paid: trying the drafter costs less than the planner's estimates of it are worth. A dear one
+        must be earned (`_catch_up_spread`, `_free_tokens`).
+
+        Spec-Bench's short prompts (39-84 tokens) catch the 0.5B up in 2-5 plain steps, its long ones
+        (664-741 tokens) in about 28. At 4 steps an 80-token math prompt sat on the line, was weighed
+        against its matcher and never started the 0.5B (1.33x plain against 1.40x started,
+        docs/benchmarks.md 34b)."""
+        step = self.costs.target_time(1, 1)
+        return self.costs.catch_up_time(request.catch_up()) > self.CHEAP_CATCH_UP_STEPS * step
 
     def _start_is_cheap(self, request: Request) -> bool:
         """Whether a probe may start this sequence's drafter: its catch-up (a draft model's prefill of
