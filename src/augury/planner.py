@@ -413,9 +413,9 @@ class Planner:
         and round replace them).
 
         A price is corrected only by running: a drafter whose first rounds met a slow spell of a shared
-        machine (23 ms a round, where 13 is usual) was priced out of every later request of the
-        process, its probes included (docs/benchmarks.md 34a). A slow spell slows the target too, whose
-        price every step corrects. The length bound keeps the cost of a retry to starts already paid
+        machine (23 ms a round, where the runs beside it took 17) was priced out of every later request
+        of the process, its probes included (docs/benchmarks.md 34a). A slow spell slows the target too,
+        whose price every step corrects. The length bound keeps the cost of a retry to starts already paid
         once, so a long prompt never starts a drafter here.
         """
         if self.idle_requests < self.REMEASURE_AFTER or not 0 < request.catch_up() <= self.longest_catch_up:
