@@ -387,7 +387,8 @@ def test_a_catch_up_of_a_few_steps_is_not_capped():
         planner.record_verified(4, 3)
     request = _Alone(50)
     assert planner.costs.catch_up_time(50) == pytest.approx(0.112)
-    assert planner._catch_up_spread(request) == 101
+    assert not planner._catch_up_is_dear(request)
+    assert planner._catch_up_spread(request, dear=False) == 101
     [k] = planner.plan([request])
     assert k > 0
     assert plan_step(planner.costs, [planner.tally.odds()], [100], [None], 4, behind=[50], left=[8.0]) == [0]

@@ -129,7 +129,6 @@ class Planner:
         self.planned_k = 0  # the K the cost model chose last (probes try its neighbours)
         self.probe_timer = ProbeTimer(probe_every)
         self.idle_requests = 0  # requests finished since the drafter last ran (a drafting round or a start)
-        self.longest_catch_up = 0  # tokens of the longest drafter start measured
 
     # -- what the steps measured ------------------------------------------------------------
 
@@ -145,7 +144,6 @@ class Planner:
                 self.planned[request.seq.id] = allowed
         if measured.started_tokens:
             self.costs.observe_catch_up(measured.started_tokens, measured.start_s)
-            self.longest_catch_up = max(self.longest_catch_up, measured.started_tokens)
         if measured.started_tokens or measured.forwards:
             self.idle_requests = 0
         if measured.rounds and measured.in_step and measured.forwards:  # a round that ran no model is free
@@ -299,12 +297,13 @@ class Planner:
                 alone and (self._start_is_cheap(requests[0]) or self._remeasure(requests[0])))
             return self._probe(requests, probe, caps, fixed, may_start=may_start)
         odds = self.tally.odds()
+        dear = [self._catch_up_is_dear(r) for r in requests]
         ks = plan_step(
             self.costs, [odds.scaled(self._alpha(r) / max(self.alpha, 1e-3)) for r in requests], caps, fixed,
             self.k_max, batched=self.batched, behind=[r.catch_up() for r in requests],
-            left=[self._catch_up_spread(r) for r in requests],
+            left=[self._catch_up_spread(r, d) for r, d in zip(requests, dear)],
             margin=0.0 if alone else self.DRAFT_MARGIN, choices=candidates,
-            free=[self._free_tokens(r) if self._catch_up_is_dear(r) else 0.0 for r in requests],
+            free=[self._free_tokens(r) if d else 0.0 for r, d in zip(requests, dear)],
         )
         self.planned_k = max((k for k, f in zip(ks, fixed) if f is None), default=self.planned_k)
         return ks
@@ -357,9 +356,10 @@ class Planner:
         """Tokens the request is expected to still generate (`OutputLengths`), at most what it may."""
         return self.costs.lengths.expected_left(len(request.seq.output), request.draft_cap() + 1)
 
-    def _catch_up_spread(self, request: Request) -> float:
+    def _catch_up_spread(self, request: Request, dear: bool) -> float:
         """Tokens the plan spreads a drafter's catch-up over: what the request is expected to still generate
-        (`_tokens_left`), but no more than it has generated so far plus CATCH_UP_LOOKAHEAD.
+        (`_tokens_left`), but, where the catch-up is dear (`_catch_up_is_dear`), no more than it has
+        generated so far plus CATCH_UP_LOOKAHEAD.
 
         The mean over recent outputs is right on average and wrong for the one request whose answer is
         short: a RAG prompt of 741 tokens answered in 17, among answers that ran to 128, started the 0.5B
@@ -369,11 +369,11 @@ class Planner:
         costs about a step starts its drafter within a few tokens; a long prompt starts it only for an
         answer that runs long, and until then its matcher (a hybrid's) drafts alone, for free.
 
-        A catch-up of at most CHEAP_CATCH_UP_STEPS plain steps (`_catch_up_is_dear`) is too small to guard,
-        and is spread over all the tokens left: capped, an 84-token prompt's (about 5 steps) started the
-        0.5B 17 tokens into its answer and halved its tau (docs/benchmarks.md 33d, 34a).
+        A catch-up of at most CHEAP_CATCH_UP_STEPS plain steps is too small to guard, and is spread over
+        all the tokens left: capped, an 84-token prompt's (about 5 steps) started the 0.5B 17 tokens into
+        its answer and halved its tau (docs/benchmarks.md 33d, 34b).
         """
-        if not self._catch_up_is_dear(request):
+        if not dear:
             return self._tokens_left(request)
         return min(self._tokens_left(request), len(request.seq.output) + self.CATCH_UP_LOOKAHEAD)
 
@@ -403,22 +403,24 @@ class Planner:
         (`plan_step`'s `behind`).
         """
         step = self.costs.target_time(1, 1)
-        allowed = max(self.PROBE_START_STEPS * step, self.PROBE_START_SHARE * step * self._catch_up_spread(request))
+        spread = self._catch_up_spread(request, self._catch_up_is_dear(request))
+        allowed = max(self.PROBE_START_STEPS * step, self.PROBE_START_SHARE * step * spread)
         return self.costs.catch_up_time(request.catch_up()) <= allowed
 
     def _remeasure(self, request: Request) -> bool:
         """Whether a probe may start an idle drafter to measure it again, whatever its price: it has run
         in none of the last REMEASURE_AFTER finished requests, and this sequence's catch-up is no longer
-        than one it was started for before. Its measurements are then marked stale (the probe's start
-        and round replace them).
+        than a start the costs still hold (`StepCosts.catch_ups`). Its measurements are then marked
+        stale (the probe's start and round replace them).
 
         A price is corrected only by running: a drafter whose first rounds met a slow spell of a shared
         machine (23 ms a round, where the runs beside it took 17) was priced out of every later request
         of the process, its probes included (docs/benchmarks.md 34a). A slow spell slows the target too,
-        whose price every step corrects. The length bound keeps the cost of a retry to starts already paid
-        once, so a long prompt never starts a drafter here.
+        whose price every step corrects. The length bound keeps the cost of a retry to starts already
+        paid, so a long prompt never starts a drafter here.
         """
-        if self.idle_requests < self.REMEASURE_AFTER or not 0 < request.catch_up() <= self.longest_catch_up:
+        longest = max((tokens for tokens, _ in self.costs.catch_ups), default=0)
+        if self.idle_requests < self.REMEASURE_AFTER or not 0 < request.catch_up() <= longest:
             return False
         self.costs.expire_drafter()
         self.idle_requests = 0

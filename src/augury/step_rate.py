@@ -1,6 +1,6 @@
 """What one step's plan is expected to deliver: tokens per second by draft length (`plan_step`) and the
 price of the target's verifying forward (`verify_time`), from measured costs and acceptance. Pure functions of
-their arguments; `Planner` holds the measurements and calls them (split from planner.py, 542 -> 443 lines).
+their arguments; `Planner` holds the measurements and calls them (split from planner.py: docs/design.md).
 
     rate(K) = sum_r E_r(k_r) / (t_target(n, 1 + max_r k_r) + t_draft(K) + catch-ups)
     E_r(k)  = 1 + sum_{i<k} reach[i] * accept_r[i]   (accepted prefix + the target's token)
