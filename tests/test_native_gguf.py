@@ -238,8 +238,11 @@ def test_a_gguf_drafter_requantized_to_q4_0_reads_fewer_bytes_and_stays_lossless
     from augury.sampling import SamplingParams
 
     path = native_target.source
-    own = build_proposer("model", native_target, draft=str(path))
+    own = build_proposer("model", native_target, draft=str(path), draft_quant="gguf")
     q4 = build_proposer("model", native_target, draft=str(path), draft_quant="q4_0")
+    auto = build_proposer("model", native_target, draft=str(path))  # the default: q4_0 for a GGUF drafter
+    assert all(torch.equal(a.data, b.data) for la, lb in zip(auto.decoder.weights.layers, q4.decoder.weights.layers)
+               for a, b in zip(la.wqkv.parts, lb.wqkv.parts))
 
     def matrices(decoder):
         w = decoder.weights
@@ -264,6 +267,48 @@ def test_a_gguf_drafter_requantized_to_q4_0_reads_fewer_bytes_and_stays_lossless
     assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
     with pytest.raises(AuguryError, match="--draft-quant q4_0 re-quantizes a GGUF drafter"):  # fp16: dequantized
         build_proposer("model", native_target, draft=str(path), draft_quant="q4_0", dtype="fp16")
+
+
+def test_a_drafters_head_is_cut_to_its_vocabulary_before_it_is_requantized(native_target, monkeypatch):
+    """--draft-vocab with --draft-quant q4_0: only the head rows the drafter keeps are re-quantized (the
+    0.5B's head is 151,936 rows, of which 32,768 are kept), by the first ids or by a ranked list of ids,
+    and the drafted logits are -inf outside the kept ids; greedy speculation still equals plain."""
+    from augury.engine import Engine
+    from augury.kernels.weight import GgufWeight
+    from augury.proposers import build_proposer
+    from augury.sampling import SamplingParams
+
+    converted = []
+    requantized = GgufWeight.requantized
+
+    def counted(self, kind):
+        converted.append(self.shape[0])
+        return requantized(self, kind)
+
+    monkeypatch.setattr(GgufWeight, "requantized", counted)
+    path = str(native_target.source)
+    vocab = native_target.config.vocab_size
+    keep = vocab // 2
+    first = build_proposer("model", native_target, draft=path, draft_quant="q4_0", draft_vocab=keep)
+    assert first.decoder.weights.lm_head.shape[0] == keep and first.decoder.weights.lm_head.kinds == ["Q4_0"]
+    assert vocab not in converted and keep in converted, converted
+    ids = torch.arange(1, vocab, 2)  # every other id, ascending
+    converted.clear()
+    from augury.models.low_bit import requantize_decoder
+
+    own = build_proposer("model", native_target, draft=path, draft_vocab=0, draft_quant="gguf").decoder
+    ranked = requantize_decoder(own.with_head_rows(ids), "Q4_0")
+    assert converted.count(len(ids)) == 1 and vocab not in converted, converted
+    assert torch.equal(ranked.head_ids, ids)
+    logits = ranked.forward(torch.tensor([PROMPT[:8]]), ranked.new_cache(1, 32))  # [1, 8, vocab]
+    outside = torch.ones(vocab, dtype=torch.bool)
+    outside[ids] = False
+    assert logits.shape[-1] == vocab and bool(torch.isinf(logits[..., outside]).all())
+    assert bool(torch.isfinite(logits[..., ids]).all())
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    plain = Engine(native_target).generate(PROMPT, params)
+    spec = Engine(native_target, first, k=4).generate(PROMPT, params)
+    assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
 
 
 def test_a_drafter_trimmed_of_layers_keeps_its_blocks_and_stays_lossless(native_target):

@@ -34,7 +34,7 @@ from augury.errors import AuguryError
 
 SOURCES = (
     "gguf_matmul.cpp", "common.h", "kernel_body.h", "layer_body.h", "lanes_body.h", "attention_body.h", "ops_avx2.h", "ops_avxvnni.h", "ops_avx512.h",
-    "ops_neon.h", "ops_portable.h",
+    "ops_neon.h", "ops_portable.h", "requantize.h",
 )
 # The kernel's variants, best first (an x86 or an Arm CPU runs some).
 ISAS = ("avx512", "avxvnni", "avx2", "neon", "portable")

@@ -24,7 +24,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from augury.kernels import packing, reference
+from augury.kernels import packing, reference, requantize
 from augury.kernels.extension import extension, has_matrix_unit, kernel_isa
 
 # Blocks of more tokens per sequence than this are prefill: where the CPU has a bf16 matrix unit
@@ -187,11 +187,13 @@ class GgufWeight:
         return sum(reference.bits(p.kind) * p.rows for p in self.parts) / self.shape[0]
 
     def requantized(self, kind: str) -> "GgufWeight":
-        """The same matrix re-quantized to block type `kind` from its exact fp32 values (round to
-        nearest, `reference.quantize`): a drafter that reads fewer bytes per step. Lossy, so only for
-        weights whose outputs the target checks."""
+        """The same matrix re-quantized to block type `kind` from its exact fp32 values (Q4_0: each block's
+        scale fitted, `requantize.fitted`, on the kernel where it runs; others: round to nearest,
+        `reference.quantize`): a drafter that reads fewer bytes per step. Lossy, so only for weights whose
+        outputs the target checks."""
         dense = torch.cat([reference.affine_dequantize(d) for d in self.decoded()])
-        return GgufWeight([(kind, reference.quantize(kind, dense))], dtype=self.dtype, kernel=self.kernel or False)
+        blocks = requantize.fitted(dense, self.kernel) if kind == "Q4_0" else reference.quantize(kind, dense)
+        return GgufWeight([(kind, blocks)], dtype=self.dtype, kernel=self.kernel or False)
 
     def take_rows(self, ids: Tensor) -> "GgufWeight":
         """Output rows `ids` (ascending) as a new weight, repacked (a drafter's frequency-ranked head)."""

@@ -214,11 +214,14 @@ def requantize_decoder(decoder: Decoder, kind: str) -> Decoder:
 
 def _drafter_copy(decoder: Decoder, make) -> Decoder:
     """The decoder with `make` applied to its four matmul weights per layer and lm_head, the rest shared.
-    A drafter needs no batch invariance (the target verifies), so no row padding."""
+    A drafter needs no batch invariance (the target verifies), so no row padding. A head restricted to some
+    token ids (`Decoder.with_head_rows`) stays restricted: only its rows are converted."""
     w = decoder.weights
     layers = [
         dataclasses.replace(layer, **{name: make(getattr(layer, name)) for name in LINEAR_FIELDS})
         for layer in w.layers
     ]
     weights = Weights(embed=w.embed, final_norm=w.final_norm, lm_head=make(w.lm_head), layers=layers)
-    return Decoder(decoder.config, weights, exact=False)
+    copy = Decoder(decoder.config, weights, exact=False)
+    copy.head_ids = decoder.head_ids
+    return copy

@@ -32,12 +32,14 @@ guesses, never what the target commits.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from augury.cache import CacheGroup, KVCache, draft_room, slots_for
 from augury.errors import AuguryError
+from augury.models.decoder import Decoder
 from augury.models.loader import Model
 from augury.prefix_cache import PrefixCache
 from augury.proposers.base import Draft, ProposerBase, Sequence
@@ -105,13 +107,7 @@ class DraftModelProposer(ProposerBase):
             raise AuguryError(f"draft context must be >= 0 tokens (0 = the whole sequence), got {context}")
         self.context = context
         self.model = draft
-        self.decoder = draft.decoder
-        if isinstance(vocab_limit, torch.Tensor):
-            self.decoder = draft.decoder.with_head_rows(vocab_limit)
-        elif vocab_limit < 0:
-            raise AuguryError(f"draft vocabulary limit must be >= 0 (0 = full), got {vocab_limit}")
-        elif 0 < vocab_limit < draft.config.vocab_size:
-            self.decoder = draft.decoder.with_head_rows(vocab_limit)
+        self.decoder = head_restricted(draft.decoder, vocab_limit)
         self.target_vocab_size = target_vocab_size
         self.confidence = confidence
         self.states: dict[int, _DraftState] = {}
@@ -340,6 +336,18 @@ class DraftModelProposer(ProposerBase):
             self.prefix.store(seq.tokens[: state.fed], state.cache, owner=seq.id)
 
 
+def head_restricted(decoder: Decoder, vocab_limit: int | torch.Tensor) -> Decoder:
+    """The decoder projecting onto the first vocab_limit ids (an int; 0 = all) or onto the given ascending
+    ids (a tensor): `Decoder.with_head_rows`, with a clear error for a negative limit."""
+    if isinstance(vocab_limit, torch.Tensor):
+        return decoder.with_head_rows(vocab_limit)
+    if vocab_limit < 0:
+        raise AuguryError(f"draft vocabulary limit must be >= 0 (0 = full), got {vocab_limit}")
+    if 0 < vocab_limit < decoder.config.vocab_size:
+        return decoder.with_head_rows(vocab_limit)
+    return decoder
+
+
 def build(target: Model, options) -> DraftModelProposer:
     """The registry's builder: load options.draft (same tokenizer), quantize it, draft with confidence and head limits."""
     from augury.models.loader import load_model
@@ -356,8 +364,10 @@ def build(target: Model, options) -> DraftModelProposer:
 
         draft = layer_skip_model(draft, parse_skip_layers(options.draft_skip_layers, draft.config.num_layers,
                                                           draft.name, flag="--draft-skip-layers"))
+    # The head is cut to its vocabulary before the weights are converted, so that only its kept rows are
+    # (re-)quantized: a third of the 0.5B's head-and-layers, most of it rows never drafted.
+    vocab = head_vocab(draft, options.draft_vocab, options.draft_vocab_order)
+    draft = dataclasses.replace(draft, decoder=head_restricted(draft.decoder, vocab))
     draft = quantize_draft(draft, options.draft_quant)
-    return DraftModelProposer(
-        draft, target.config.vocab_size, confidence=options.draft_confidence,
-        vocab_limit=head_vocab(draft, options.draft_vocab, options.draft_vocab_order), context=options.draft_context,
-    )
+    return DraftModelProposer(draft, target.config.vocab_size, confidence=options.draft_confidence,
+                              context=options.draft_context)

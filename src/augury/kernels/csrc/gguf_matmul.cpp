@@ -33,6 +33,7 @@
 
 #include "common.h"
 #include "ops_portable.h"
+#include "requantize.h"
 #if AUGURY_X86
 #include "ops_avx2.h"
 #include "ops_avxvnni.h"
@@ -301,6 +302,23 @@ class NativeLayer {
   std::vector<torch::Tensor> keep_;
 };
 
+// blocks: [n, 32] float32 -> [n, 18] uint8 Q4_0 blocks, each block's scale fitted over `divisors` (requantize.h).
+torch::Tensor fit_q4_0(const torch::Tensor& blocks, const std::vector<double>& divisors) {
+  TORCH_CHECK(blocks.scalar_type() == torch::kFloat && blocks.dim() == 2 && blocks.size(1) == requantize::kBlock &&
+                  blocks.is_contiguous(), "fit_q4_0 needs a contiguous float32 tensor [n, 32]");
+  TORCH_CHECK(!divisors.empty(), "fit_q4_0 needs at least one divisor");
+  const std::vector<float> grid(divisors.begin(), divisors.end());
+  const int64_t n = blocks.size(0);
+  torch::Tensor out = torch::empty({n, 18}, torch::dtype(torch::kUInt8));
+  const float* x = blocks.data_ptr<float>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b)
+      requantize::fit_q4_0_block(x + b * requantize::kBlock, grid.data(), static_cast<int>(grid.size()), o + b * 18);
+  });
+  return out;
+}
+
 std::vector<int64_t> layout_of(int64_t kind) {
   TORCH_CHECK(kind >= 0 && kind < kNumKinds, "unknown block kind ", kind);
   const Layout L = layout(static_cast<int>(kind));
@@ -334,5 +352,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &NativeLayer::forward, py::arg("x"), py::arg("keys"), py::arg("values"), py::arg("row_seq"),
            py::arg("row_slot"), py::arg("key_lo"), py::arg("key_hi"), py::arg("extra_off"), py::arg("extra_slots"),
            py::arg("cos"), py::arg("sin"));
+  m.def("fit_q4_0", &fit_q4_0, "Q4_0 blocks with fitted scales (requantize.h)", py::arg("blocks"),
+        py::arg("divisors"), py::call_guard<py::gil_scoped_release>());
   m.def("layout", &layout_of, "(group_k, subs, sub_bytes, group_bytes) of a block kind");
 }
