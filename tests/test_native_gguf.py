@@ -240,9 +240,6 @@ def test_a_gguf_drafter_requantized_to_q4_0_reads_fewer_bytes_and_stays_lossless
     path = native_target.source
     own = build_proposer("model", native_target, draft=str(path), draft_quant="gguf")
     q4 = build_proposer("model", native_target, draft=str(path), draft_quant="q4_0")
-    auto = build_proposer("model", native_target, draft=str(path))  # the default: q4_0 for a GGUF drafter
-    assert all(torch.equal(a.data, b.data) for la, lb in zip(auto.decoder.weights.layers, q4.decoder.weights.layers)
-               for a, b in zip(la.wqkv.parts, lb.wqkv.parts))
 
     def matrices(decoder):
         w = decoder.weights

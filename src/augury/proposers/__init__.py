@@ -91,18 +91,19 @@ def build_proposer(
 def quantize_draft(draft: Model, fmt: str) -> Model:
     """The draft model with its matmul weights in `fmt` ("int4", "int8"; "none" keeps them; "gguf" keeps a
     GGUF drafter's own blocks; "q4_0" re-quantizes its wider blocks to Q4_0, each block's scale fitted;
-    "auto": "q4_0" where the drafter runs on GGUF blocks, else "int4").
+    "auto": "gguf" where the drafter runs on GGUF blocks, else "int4").
 
     A drafter's guesses are checked by the target, so its weights may be
     lossy: on a CPU reading fewer weight bytes is what makes drafting cheap.
-    The 0.5B's Q5_0/Q6_K/Q8_0 blocks as fitted Q4_0 cost a point of
-    first-token acceptance for a fifth less drafting time (docs/benchmarks.md 35).
+    The 0.5B's Q5_0/Q6_K/Q8_0 blocks as fitted Q4_0 cost about a point of
+    first-token acceptance for 7-20% less time a drafter forward, which
+    did not show in the hybrid's speed (docs/benchmarks.md 35): opt-in.
     """
     if fmt not in opts.DRAFT_QUANTS:
         raise AuguryError(f"unknown --draft-quant '{fmt}' (choose from {', '.join(opts.DRAFT_QUANTS)})")
     on_blocks = draft.decoder.native is not None
     if fmt == "auto":
-        fmt = "q4_0" if on_blocks else "int4"
+        fmt = "gguf" if on_blocks else "int4"
     if fmt == "gguf" and not on_blocks:
         raise AuguryError(f"--draft-quant gguf needs a GGUF drafter on the native kernel; {draft.name} is not one")
     if fmt in ("none", "gguf"):

@@ -27,10 +27,9 @@ MODEL_CONFIDENCE = 0.5
 # SmolLM2 through text drafts shorter, surer runs: 0.5 cut tau from 2.28 to 1.70, 0.3 kept 2.06.
 CROSS_CONFIDENCE = 0.3
 QUANT_FORMATS = ("int4", "int8")
-# The drafter's weight formats as --draft-quant names them: auto re-quantizes a GGUF drafter's blocks wider
-# than Q4_0 to Q4_0 with fitted scales (the kernel and the C++ layer: a 0.5B Q4_K_M step measured 18.8 ms
-# there against 23.5 ms as torch int4, docs/benchmarks.md 7c; Q4_0 a fifth less, 35) and quantizes anything
-# else to int4.
+# The drafter's weight formats as --draft-quant names them: auto keeps a GGUF drafter's own blocks (the
+# kernel and the C++ layer: a 0.5B Q4_K_M step measured 18.8 ms there against 23.5 ms as torch int4,
+# docs/benchmarks.md 7c) and quantizes anything else to int4; q4_0 (fitted scales) is opt-in (35).
 # Block types a GGUF drafter's wider blocks may be re-quantized to on load (--draft-quant q4_0).
 BLOCK_REQUANTS = ("q4_0",)
 DRAFT_QUANTS = ("auto", "gguf", *BLOCK_REQUANTS, *QUANT_FORMATS, "none")
@@ -79,8 +78,8 @@ def _draft_vocab_order() -> object:
 @dataclass(frozen=True)
 class ModelOptions(LoadOptions):
     draft: str = opt(DEFAULT_DRAFT, "draft model name or path (same tokenizer as the target)")
-    draft_quant: str = opt("auto", "weight format of the drafter: auto (q4_0 for a GGUF, else int4), gguf (a GGUF's "
-                           "own blocks), q4_0 (its wider blocks re-quantized, a few seconds at load), "
+    draft_quant: str = opt("auto", "weight format of the drafter: auto (a GGUF's own blocks, else int4), gguf, q4_0 "
+                           "(a GGUF's wider blocks re-quantized with fitted scales, a few seconds at load), "
                            "int4 (groups of 32; int8 where torch's int4 kernel does not run), int8, or none "
                            "(the model's own dtype)")
     draft_confidence: float = _confidence(MODEL_CONFIDENCE)
