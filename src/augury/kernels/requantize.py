@@ -4,8 +4,8 @@ Q4_0 stores 32 values as one fp16 scale d and 4-bit quants q in 0..15, read as
 d * (q - 8). ggml's reference quantizer (and the gguf package's) rounds to
 nearest with d = m / -8, m the block's value of largest magnitude, so that m
 lands on the one level, -8, that has no positive twin. `round_to_nearest` is
-that quantizer, bit for bit, in torch: the gguf package's numpy version took
-most of a 10-second load for a 0.5B drafter (docs/benchmarks.md 9c).
+that quantizer, bit for bit, in torch: the reference the tests hold the gguf
+package to, and the arm `fitted` was measured against.
 
 `fitted` chooses each block's scale instead: it tries a grid of scales around
 the reference one, rounds the block with each, and keeps the least-squares
@@ -70,7 +70,8 @@ def fitted(w: Tensor, kernel=None) -> Tensor:
     on the grid).
 
     kernel: the C++ extension (`extension()`), whose `fit_q4_0` gives the same bytes in a fraction of
-    the time (a 0.5B drafter: about half a minute here in torch); None: this torch code, the reference."""
+    the time (the 0.5B drafter: 2.5 s, where this code over a first grid of 25 divisors took 37-41 s,
+    docs/benchmarks.md 35); None: this torch code, the reference."""
     out = w.shape[0]
     blocks = _blocks(w).contiguous()
     if kernel is not None:
