@@ -269,7 +269,8 @@ def test_a_gguf_drafter_requantized_to_q4_0_reads_fewer_bytes_and_stays_lossless
 def test_a_drafters_head_is_cut_to_its_vocabulary_before_it_is_requantized(native_target, monkeypatch):
     """--draft-vocab with --draft-quant q4_0: only the head rows the drafter keeps are re-quantized (the
     0.5B's head is 151,936 rows, of which 32,768 are kept), by the first ids or by a ranked list of ids,
-    and the drafted logits are -inf outside the kept ids; greedy speculation still equals plain."""
+    and the drafted logits are -inf outside the kept ids; greedy speculation still equals plain. The
+    quantized self-draft's int4 copy converts only its kept head rows too."""
     from augury.engine import Engine
     from augury.kernels.weight import GgufWeight
     from augury.proposers import build_proposer
@@ -306,6 +307,21 @@ def test_a_drafters_head_is_cut_to_its_vocabulary_before_it_is_requantized(nativ
     plain = Engine(native_target).generate(PROMPT, params)
     spec = Engine(native_target, first, k=4).generate(PROMPT, params)
     assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
+    # The quantized self-draft cuts the target's head before its int4 copy is made, the same way.
+    from augury.models import low_bit
+
+    made = []
+    low_bit_weight = low_bit.low_bit_weight
+
+    def recorded(weight, *args, **kwargs):
+        made.append(weight.shape[0])
+        return low_bit_weight(weight, *args, **kwargs)
+
+    monkeypatch.setattr(low_bit, "low_bit_weight", recorded)
+    copy = build_proposer("quantized", native_target, draft_vocab=keep)
+    assert copy.decoder.weights.lm_head.shape[0] == keep and keep in made and vocab not in made, made
+    spec = Engine(native_target, copy, k=4).generate(PROMPT, params)
+    assert spec.token_ids == plain.token_ids
 
 
 def test_a_drafter_trimmed_of_layers_keeps_its_blocks_and_stays_lossless(native_target):

@@ -348,11 +348,21 @@ def head_restricted(decoder: Decoder, vocab_limit: int | torch.Tensor) -> Decode
     return decoder
 
 
+def converted_drafter(draft: Model, options) -> Model:
+    """The drafter with its head cut to options.draft_vocab (`draft_vocab.head_vocab`), then its weights in
+    options.draft_quant (`quantize_draft`). Cut first, so that only the kept rows are converted: a third
+    of the 0.5B's head-and-layers is its head, most of it rows never drafted (docs/benchmarks.md 35a)."""
+    from augury.proposers import quantize_draft
+    from augury.proposers.draft_vocab import head_vocab
+
+    vocab = head_vocab(draft, options.draft_vocab, options.draft_vocab_order)
+    return quantize_draft(dataclasses.replace(draft, decoder=head_restricted(draft.decoder, vocab)),
+                          options.draft_quant)
+
+
 def build(target: Model, options) -> DraftModelProposer:
     """The registry's builder: load options.draft (same tokenizer), quantize it, draft with confidence and head limits."""
     from augury.models.loader import load_model
-    from augury.proposers import quantize_draft
-    from augury.proposers.draft_vocab import head_vocab
 
     if not options.draft:
         raise AuguryError("draft method 'model' needs --draft NAME_OR_PATH")
@@ -364,10 +374,5 @@ def build(target: Model, options) -> DraftModelProposer:
 
         draft = layer_skip_model(draft, parse_skip_layers(options.draft_skip_layers, draft.config.num_layers,
                                                           draft.name, flag="--draft-skip-layers"))
-    # The head is cut to its vocabulary before the weights are converted, so that only its kept rows are
-    # (re-)quantized: a third of the 0.5B's head-and-layers, most of it rows never drafted.
-    vocab = head_vocab(draft, options.draft_vocab, options.draft_vocab_order)
-    draft = dataclasses.replace(draft, decoder=head_restricted(draft.decoder, vocab))
-    draft = quantize_draft(draft, options.draft_quant)
-    return DraftModelProposer(draft, target.config.vocab_size, confidence=options.draft_confidence,
-                              context=options.draft_context)
+    return DraftModelProposer(converted_drafter(draft, options), target.config.vocab_size,
+                              confidence=options.draft_confidence, context=options.draft_context)

@@ -10,6 +10,8 @@ on six Spec-Bench prompts).
 
 from __future__ import annotations
 
+import dataclasses
+
 from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers.draft_model import DraftModelProposer
@@ -27,12 +29,8 @@ def build(target: Model, options) -> QuantizedProposer:
     if options.draft_quant not in QUANT_FORMATS:
         raise AuguryError(f"unknown --draft-quant '{options.draft_quant}' for the quantized self-draft "
                           f"(choose from {', '.join(QUANT_FORMATS)})")
-    from augury.proposers import quantize_draft
-    from augury.proposers.draft_vocab import head_vocab
+    from augury.proposers.draft_model import converted_drafter
 
     # int4 falls back to int8 where its kernel does not run
-    decoder = quantize_draft(target, options.draft_quant).decoder
-    draft = Model(name=f"{target.name}:{options.draft_quant}", decoder=decoder, tokenizer=target.tokenizer,
-                  source=target.source)
-    return QuantizedProposer(draft, target.config.vocab_size, confidence=options.draft_confidence,
-                             vocab_limit=head_vocab(draft, options.draft_vocab, options.draft_vocab_order))
+    draft = converted_drafter(dataclasses.replace(target, name=f"{target.name}:{options.draft_quant}"), options)
+    return QuantizedProposer(draft, target.config.vocab_size, confidence=options.draft_confidence)
