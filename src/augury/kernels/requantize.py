@@ -24,8 +24,8 @@ BLOCK = 32
 # Grid of divisors c (d = m / c) `fitted` tries, the reference's -8 among them. Below -8 the block's largest
 # value is clipped to -8 for a finer step over the rest; above, it lands on a coarser level. On the 0.5B
 # drafter's Q5_0 and Q6_K weights (two layers) this grid left 0.702 of round to nearest's squared error;
-# steps of 0.25 over the same span 0.700, and 0.125 steps from -8.5 to -6.5 with the positive side
-# (m on +7, which never won) 0.704, for twice to three times the time.
+# steps of 0.25 over the same span (0.125 around -8) 0.700, and 0.125 steps from -8.5 to -6.5 with the
+# positive side (m on +7, which never won) 0.704, for two to three times the time.
 FIT_DIVISORS = tuple(-10.0 + 0.5 * i for i in range(8))
 # Rows quantized at once: bounds the temporaries of `fitted` (a few fp32 copies of the chunk).
 CHUNK_VALUES = 1 << 22
