@@ -481,6 +481,89 @@ def test_batched_drafting_equals_drafting_one_sequence_at_a_time(temperature):
     assert forwards_together < forwards_alone
 
 
+@pytest.mark.parametrize("mode", ["greedy", "coupled", "rejection"])
+@pytest.mark.parametrize("group", [1, 2])
+def test_guesses_checked_in_the_catch_up_forward_leave_every_draft_as_it_was(mode, group):
+    """Guessed continuations (a hybrid's matcher's) checked in the catch-up forward: right guesses (the
+    drafter's own next tokens), half-right and wrong ones give every sequence the draft it gets without
+    guesses, step after step (the cache keeps only the guesses the drafter picked), drafting alone or
+    two at a time; right guesses take fewer drafter forwards, and no forward holds more than GUESS_ROWS
+    rows for them. A request sampled by rejection ignores guesses (its generator must draw as it would
+    without them)."""
+    from augury.proposers.base import Sequence
+    from augury.proposers.draft_model import GUESS_ROWS, DraftModelProposer
+    from augury.verify import VerifyResult
+
+    draft = tiny_model(vocab=40, seed=7, layers=2, hidden=64)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]
+    ks = [4, 3, 1, 4]
+    temperature = 0.0 if mode == "greedy" else 0.9
+    widths = []  # rows of every forward while drafting
+
+    def run(guessing: str):
+        proposer = DraftModelProposer(draft, 40, confidence=0.02 if mode == "greedy" else 0.0)
+        oracle = DraftModelProposer(draft, 40, confidence=proposer.confidence)  # the drafter's own next tokens
+        seqs, twins = [], []
+        for i, prompt in enumerate(prompts):
+            params = SamplingParams(temperature=temperature, seed=i, max_tokens=30, coupling=mode if temperature else "auto")
+            seqs.append(Sequence(list(prompt), params, generator=torch.Generator().manual_seed(i)))
+            twins.append(Sequence(list(prompt), params, generator=torch.Generator().manual_seed(i)))
+            proposer.start(seqs[-1])
+            oracle.start(twins[-1])
+        def counted(seqs, ks, *guesses):  # the rows of the proposer's forwards while it drafts
+            decoder = proposer.decoder  # shared with the oracle's (the same tiny model)
+            forward = decoder.forward
+            decoder.forward = lambda tokens, cache, **kw: widths.append(tokens.numel()) or forward(tokens, cache, **kw)
+            try:
+                return propose(seqs, ks, *guesses)
+            finally:
+                del decoder.forward
+
+        propose, proposer.propose_batch = proposer.propose_batch, counted
+        rounds = []
+        for step in range(5):
+            drafts = []
+            for at in range(0, len(seqs), group):
+                part, part_ks = seqs[at : at + group], ks[at : at + group]
+                if guessing == "none":
+                    drafts += proposer.propose_batch(part, part_ks)
+                    continue
+                own = oracle.propose_batch(twins[at : at + group], part_ks)
+                guesses = [d.tokens[: k - 1] for d, k in zip(own, part_ks)]
+                if guessing == "half":  # right up to a wrong token in the middle
+                    guesses = [g[:1] + [(t + 1) % 40 for t in g[1:2]] + g[2:] for g in guesses]
+                elif guessing == "wrong":
+                    guesses = [[(t + 3) % 40 for t in g] for g in guesses]
+                drafts += proposer.propose_batch(part, part_ks, guesses)
+            rounds.append(drafts)
+            for i, (seq, twin, d) in enumerate(zip(seqs, twins, drafts)):
+                accepted = min(len(d), (step + i) % 3 + 1)
+                target_token = (step * 7 + i) % 40
+                result = VerifyResult(len(d), accepted, d.tokens[:accepted] + [target_token])
+                seq.tokens += result.tokens
+                proposer.on_step(seq, result, None)
+                if guessing != "none":
+                    twin.tokens += result.tokens
+                    oracle.on_step(twin, result, None)
+        return rounds, proposer.forwards
+
+    plain, forwards_plain = run("none")
+    assert any(len(d) > 2 for step in plain for d in step)
+    most_without = max(widths)  # the catch-ups' own rows
+    for guessing in ("right", "half", "wrong"):
+        rounds, forwards = run(guessing)
+        for drafts_plain, drafts in zip(plain, rounds):
+            for a, b in zip(drafts_plain, drafts):
+                assert a.tokens == b.tokens, guessing
+                if mode == "rejection":
+                    torch.testing.assert_close(a.q_draft, b.q_draft)
+        if guessing == "right" and mode != "rejection":
+            assert forwards < forwards_plain, (forwards, forwards_plain)
+        if mode == "rejection":
+            assert forwards == forwards_plain
+    assert max(widths) <= max(GUESS_ROWS, most_without), widths
+
+
 # -- a head on some token ids only (--draft-vocab) -----------------------------------------------------
 
 

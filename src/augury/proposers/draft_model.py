@@ -24,6 +24,17 @@ proposed):
   as the drafting it buys; what the drafter no longer sees only shapes its
   guesses. After the start it reads every token the target commits.
 
+Guesses make a round's forwards fewer without changing its draft: a caller
+with a free guess of how the text goes on (the hybrid's suffix matcher) hands
+it to `propose_batch`, whose first forward runs the guessed tokens after the
+catch-up. Row j's logits then follow the guesses 1..j, so while each guess is
+the token the drafter picks from the row before, the drafter has drafted it
+already, and the next row gives its next pick; the first guess it would not
+have drafted, and every row after it, is dropped from its cache. A drafted
+token costs a forward only where the guesses were wrong (staged, or cascade,
+speculation: Spector and Re 2023, Chen et al. 2023, with the matcher as the
+lowest stage).
+
 With a prefix cache (`use_prefix_cache`, given by the batching scheduler) a
 sequence starts on the rows the drafter kept of earlier sequences with the same
 start, and its rows are kept when it finishes. The drafter's rows only shape its
@@ -47,6 +58,10 @@ from augury.sampling import draw, probabilities, sample
 from augury.verify import VerifyResult
 
 START_ROWS = 512  # rows one batched drafter prefill may hold (its activations grow with them)
+# Rows a drafting round's first forward may hold with its guesses (`propose_batch`): up to about 4 rows a
+# forward still costs about what one row costs (the 0.5B here: 1.14x at 4 rows, docs/benchmarks.md 36);
+# past that each row adds its own arithmetic, and a batch of sequences has its rows already.
+GUESS_ROWS = 4
 
 
 @dataclass
@@ -94,6 +109,7 @@ class DraftModelProposer(ProposerBase):
     """Drafting with a smaller model of the same family (same tokenizer)."""
 
     name = "model"
+    checks_guesses = True  # propose_batch takes guessed continuations to check (a hybrid's matcher's)
 
     def __init__(
         self, draft: Model, target_vocab_size: int, *, confidence: float = 0.0, vocab_limit: int | torch.Tensor = 0,
@@ -215,45 +231,59 @@ class DraftModelProposer(ProposerBase):
 
     def _feed(
         self, states: list[_DraftState], blocks: list[list[int]], want_logits: bool = True,
-        cache: KVCache | None = None,
+        cache: KVCache | None = None, tails: list[int] | None = None,
     ) -> list[torch.Tensor]:
-        """Run each state's block of tokens through the drafter; the last row's logits [V] per state.
+        """Run each state's block of tokens through the drafter; the logits of each block's last rows.
 
         One forward for all of them: ragged blocks are padded with their last
         token (padding comes after the real tokens, so nothing real sees it)
-        and each cache is cut back to its real length afterwards. want_logits
-        False: only fill the caches (the returned rows are then meaningless).
-        cache: one cache whose rows are the states' caches, in order (else
-        the states' caches are grouped).
+        and each cache is cut back to its real length afterwards. Returns per
+        state its block's last row's logits [V], or with tails its last
+        tails[b] rows' [tails[b], V]. want_logits False: only fill the caches
+        (nothing is returned). cache: one cache whose rows
+        are the states' caches, in order (else the states' caches are grouped).
         """
         width = max(len(block) for block in blocks)
         rows = [block + block[-1:] * (width - len(block)) for block in blocks]
         if cache is None:
             cache = states[0].cache if len(states) == 1 else CacheGroup([state.cache for state in states])
-        # only_last: every block's last row is the block's last row (or no row is wanted)
-        only_last = width == 1 or len(blocks) == 1 or not want_logits
+        wanted = tails if tails is not None else [1] * len(blocks)
+        if tails is not None and want_logits:
+            # The head runs from the first row any block wants to the end (padding rows included).
+            first = min(len(block) - tail for block, tail in zip(blocks, wanted))
+        else:
+            # only_last: every block's last row is the block's last row (or no row is wanted)
+            only_last = width == 1 or len(blocks) == 1 or not want_logits
+            first = width - 1 if only_last else 0
         logits = self.decoder.forward(
-            torch.tensor(rows, device=self.decoder.device), cache, logits_rows=slice(-1, None) if only_last else None
+            torch.tensor(rows, device=self.decoder.device), cache, logits_rows=slice(first, None)
         )
         self._forwards += 1
         out = []
-        for b, (state, block) in enumerate(zip(states, blocks)):
+        for b, (state, block, tail) in enumerate(zip(states, blocks, wanted)):
             state.fed += len(block)
             if width > len(block):
                 state.cut()
-            out.append(logits[b, -1 if only_last else len(block) - 1])
+            if want_logits:
+                picked = logits[b, len(block) - tail - first : len(block) - first]
+                out.append(picked if tails is not None else picked[0])
         return out
 
     def propose(self, seq: Sequence, k: int) -> Draft:
         return self.propose_batch([seq], [k])[0]
 
-    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+    def propose_batch(self, seqs: list[Sequence], ks: list[int], guesses: list[list[int]] | None = None) -> list[Draft]:
         """Draft up to ks[i] tokens for each sequence, one drafter forward per position for all.
 
         Decoding is bound by reading the weights, so a forward over a few
         sequences' rows costs about what one costs (the 0.5B drafter's
         matmuls here: 4 rows about 1.1x one row, 8 rows about 2x): a server
         drafting for 4 sequences pays for about one.
+
+        guesses: tokens guessed to follow each sequence (a free drafter's, the
+        hybrid's matcher's), checked in the catch-up forward (`_checked`): where
+        the drafter would have drafted them itself, it drafts several tokens
+        for one forward. The drafts are the ones it drafts without guesses.
         """
         drafts = [Draft([]) for _ in seqs]
         states = [self.states[seq.id] for seq in seqs]
@@ -261,26 +291,57 @@ class DraftModelProposer(ProposerBase):
         live = [i for i, k in enumerate(ks) if k > 0]
         if not live:
             return drafts
+        # Only a draft whose tokens follow from the logits alone can take guesses: greedy or coupled
+        # (a sampled token drawn by rejection would consume the request's generator differently). Blocks are
+        # padded to the longest, so each may hold GUESS_ROWS // len(live) rows, its catch-up included.
+        room = GUESS_ROWS // len(live)
+        checked = {i: guesses[i][: max(0, min(ks[i] - 1, room - len(seqs[i].tokens) + states[i].fed))] for i in live
+                   if guesses is not None and (seqs[i].params.greedy or seqs[i].params.coupled)}
         # Catch up on what each drafter has not seen (at least the last committed
-        # token). Longer catch-ups (after steps without drafting) run alone: they
+        # token), with the guesses after it. Longer catch-ups (after steps without drafting) run alone: they
         # are small prefills, which attend as one block rather than row by row.
-        logits: dict[int, torch.Tensor] = {}
+        rows: dict[int, torch.Tensor] = {}
         short = [i for i in live if len(seqs[i].tokens) - states[i].fed <= self.decoder.row_attention_limit]
         for group in [short] + [[i] for i in live if i not in short]:
             if group:
-                fed = self._feed([states[i] for i in group], [seqs[i].tokens[states[i].fed :] for i in group])
-                logits.update(zip(group, fed))
+                blocks = [seqs[i].tokens[states[i].fed :] + checked.get(i, []) for i in group]
+                fed = self._feed([states[i] for i in group], blocks, tails=[len(checked.get(i, [])) + 1 for i in group])
+                rows.update(zip(group, fed))
         tokens: dict[int, list[int]] = {i: [] for i in live}
         q_rows: dict[int, list[torch.Tensor]] = {i: [] for i in live}
+        logits: dict[int, torch.Tensor] = {}
+        more = []
+        for i in live:
+            going, logits[i] = self._checked(seqs[i], states[i], rows[i], checked.get(i, []), ks[i], tokens[i], q_rows[i])
+            if going:
+                more.append(i)
+        live = more
         while live:
-            more = [i for i in live if self._pick(seqs[i], logits[i], tokens[i], q_rows[i]) and len(tokens[i]) < ks[i]]
-            if more:
-                logits.update(zip(more, self._feed([states[i] for i in more], [tokens[i][-1:] for i in more])))
-            live = more
+            logits.update(zip(live, self._feed([states[i] for i in live], [tokens[i][-1:] for i in live])))
+            live = [i for i in live if self._pick(seqs[i], logits[i], tokens[i], q_rows[i]) and len(tokens[i]) < ks[i]]
         for i in tokens:
             states[i].drafted = tokens[i]
             drafts[i] = Draft(tokens[i], self._q_draft(q_rows[i]))
         return drafts
+
+    def _checked(
+        self, seq: Sequence, state: _DraftState, rows: torch.Tensor, guessed: list[int], k: int,
+        tokens: list[int], q_rows: list[torch.Tensor],
+    ) -> tuple[bool, torch.Tensor]:
+        """Draft from the catch-up forward's rows [1 + len(guessed), V]: row 0 follows the committed tokens,
+        row j the guesses 1..j. Each row's token is picked as always; the next row holds its logits only
+        while the guess there is the token picked. The cache keeps the guesses that were picked (the
+        drafter's own tokens, fed as a draft's are) and drops the rest. Returns whether to draft on
+        (a further forward) and the logits [V] the last pick came from."""
+        used = 0
+        going = self._pick(seq, rows[0], tokens, q_rows) and len(tokens) < k
+        while going and used < len(guessed) and tokens[-1] == guessed[used]:
+            used += 1
+            going = self._pick(seq, rows[used], tokens, q_rows) and len(tokens) < k
+        if used < len(guessed):  # the guesses past the last one picked leave the cache
+            state.fed -= len(guessed) - used
+            state.cut()
+        return going, rows[used]
 
     def _pick(self, seq: Sequence, logits: torch.Tensor, tokens: list[int], q_rows: list[torch.Tensor]) -> bool:
         """Choose the next drafted token from the drafter's logits [V]; False if the drafter doubts it."""

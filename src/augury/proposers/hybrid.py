@@ -14,7 +14,10 @@ matcher's whenever it has one, as before the counts). An untried
 kind counts as always accepted, so each is tried before the counts decide.
 A matcher draft must also have at least min(k, min_match_tokens) tokens.
 On steps the planner gave no draft the hybrid offers its matcher's draft
-alone (`propose_free`), which the planner may verify in part.
+alone (`propose_free`), which the planner may verify in part. Where the model
+drafts, the matcher's continuation, however short, goes to it as a guess it
+checks in its first forward (`DraftModelProposer.propose_batch`): the same
+draft, in fewer of the model's forwards where the two agree.
 
 Both parts hear every step and each rolls back only what it drafted itself.
 After a step the draft model sat out, its cache still holds a prefix of the
@@ -116,7 +119,14 @@ class HybridProposer(ProposerBase):
                 self.model_drafts += 1
                 fallback.append(i)
         if fallback:
-            model_drafts = propose_batch(self.model, [seqs[i] for i in fallback], [ks[i] for i in fallback])
+            fallen = [seqs[i] for i in fallback]
+            if getattr(self.model, "checks_guesses", False):
+                # The matcher's continuation, however short, as guesses the model checks in its first
+                # forward (`DraftModelProposer.propose_batch`): a draft it would make anyway, for fewer forwards.
+                guesses = [self.matcher.propose(seqs[i], ks[i] - 1).tokens if ks[i] > 1 else [] for i in fallback]
+                model_drafts = self.model.propose_batch(fallen, [ks[i] for i in fallback], guesses)
+            else:
+                model_drafts = propose_batch(self.model, fallen, [ks[i] for i in fallback])
             for i, draft in zip(fallback, model_drafts):
                 drafts[i] = draft
         for seq, draft in zip(seqs, drafts):
