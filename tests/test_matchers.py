@@ -204,6 +204,57 @@ def test_suffix_incremental_equals_rebuild_and_brute_force():
             seq.tokens.extend(got[: rng.randint(0, len(got))] + [rng.randrange(3)])
 
 
+def reference_guess(tokens: list[int], drafted: list[int], k: int, n_min: int) -> list[int]:
+    """The longest suffix of tokens + drafted that occurs in tokens (the drafted tokens are no text to
+    match in), extended by the most frequent (then latest) next token in tokens."""
+    if not drafted:
+        return reference_suffix(tokens, k, n_min)
+    text = tokens + drafted
+    length = max((n for n in range(len(text)) if occurrences(tokens, text[len(text) - n :])), default=0)
+    if length < n_min:
+        return []
+    context, out = text[len(text) - length :], []
+    while len(out) < k:
+        best = None
+        for token in set(tokens):
+            ends = occurrences(tokens, context + [token])
+            if ends and (best is None or (len(ends), ends[-1]) > best[0]):
+                best = ((len(ends), ends[-1]), token)
+        if best is None:
+            break
+        out.append(best[1])
+        context.append(best[1])
+    return out
+
+
+def test_suffix_guess_after_drafted_tokens_matches_brute_force_and_changes_nothing():
+    """`guess` (the hybrid's guesses for its model) continues the text as if the drafted tokens followed
+    it, matching in the committed text only, and leaves the proposer as it was."""
+    rng = random.Random(5)
+    for trial in range(200):
+        n_min = rng.randint(1, 2)
+        tokens = [rng.randrange(3) for _ in range(rng.randint(1, 12))]
+        drafted = [rng.randrange(3) for _ in range(rng.randint(0, 4))]
+        k = rng.randint(1, 5)
+        proposer = SuffixProposer(n_min)
+        seq = seq_of(tokens)
+        proposer.start(seq)
+        before = proposer.propose(seq, 4).tokens
+        assert proposer.guess(seq, drafted, k) == reference_guess(tokens, drafted, k, n_min), (tokens, drafted, k)
+        assert proposer.propose(seq, 4).tokens == before
+        assert proposer.states[seq.id].own.num_tokens == len(tokens)
+
+
+def test_suffix_guess_follows_a_corpus_document_through_drafted_tokens():
+    proposer = SuffixProposer(2)
+    generate_into(proposer, [9, 9], [1, 2, 3, 4, 5, 6])
+    seq = seq_of([7, 8, 1, 2])
+    proposer.start(seq)
+    assert proposer.guess(seq, [3, 4], 2) == [5, 6]
+    assert proposer.guess(seq, [3, 9], 2) == [], "a drafted token the corpus never had ends the match"
+    assert proposer.propose(seq, 2).tokens == [3, 4]
+
+
 # -- suffix corpus ---------------------------------------------------------------------------
 
 

@@ -483,8 +483,8 @@ def test_batched_drafting_equals_drafting_one_sequence_at_a_time(temperature):
 
 @pytest.mark.parametrize("mode", ["greedy", "coupled", "rejection"])
 @pytest.mark.parametrize("group", [1, 2])
-def test_guesses_checked_in_the_catch_up_forward_leave_every_draft_as_it_was(mode, group):
-    """Guessed continuations (a hybrid's matcher's) checked in the catch-up forward: right guesses (the
+def test_guesses_checked_in_each_drafting_forward_leave_every_draft_as_it_was(mode, group):
+    """Guessed continuations (a hybrid's matcher's) checked in each drafting forward: right guesses (the
     drafter's own next tokens), half-right and wrong ones give every sequence the draft it gets without
     guesses, step after step (the cache keeps only the guesses the drafter picked), drafting alone or
     two at a time; right guesses take fewer drafter forwards, and no forward holds more than GUESS_ROWS
@@ -510,12 +510,12 @@ def test_guesses_checked_in_the_catch_up_forward_leave_every_draft_as_it_was(mod
             twins.append(Sequence(list(prompt), params, generator=torch.Generator().manual_seed(i)))
             proposer.start(seqs[-1])
             oracle.start(twins[-1])
-        def counted(seqs, ks, *guesses):  # the rows of the proposer's forwards while it drafts
+        def counted(seqs, ks, *guesser):  # the rows of the proposer's forwards while it drafts
             decoder = proposer.decoder  # shared with the oracle's (the same tiny model)
             forward = decoder.forward
             decoder.forward = lambda tokens, cache, **kw: widths.append(tokens.numel()) or forward(tokens, cache, **kw)
             try:
-                return propose(seqs, ks, *guesses)
+                return propose(seqs, ks, *guesser)
             finally:
                 del decoder.forward
 
@@ -528,13 +528,17 @@ def test_guesses_checked_in_the_catch_up_forward_leave_every_draft_as_it_was(mod
                 if guessing == "none":
                     drafts += proposer.propose_batch(part, part_ks)
                     continue
-                own = oracle.propose_batch(twins[at : at + group], part_ks)
-                guesses = [d.tokens[: k - 1] for d, k in zip(own, part_ks)]
-                if guessing == "half":  # right up to a wrong token in the middle
-                    guesses = [g[:1] + [(t + 1) % 40 for t in g[1:2]] + g[2:] for g in guesses]
-                elif guessing == "wrong":
-                    guesses = [[(t + 3) % 40 for t in g] for g in guesses]
-                drafts += proposer.propose_batch(part, part_ks, guesses)
+                own = {seq.id: d.tokens for seq, d in zip(part, oracle.propose_batch(twins[at : at + group], part_ks))}
+
+                def guess(seq, drafted, n):
+                    ahead = own[seq.id][len(drafted) : len(drafted) + n]
+                    if own[seq.id][: len(drafted)] != drafted:  # the oracle knows its own draft only
+                        return []
+                    if guessing == "half":  # right, then one wrong token, then right again
+                        return ahead[:1] + [(t + 1) % 40 for t in ahead[1:2]] + ahead[2:]
+                    return [(t + 3) % 40 for t in ahead] if guessing == "wrong" else ahead
+
+                drafts += proposer.propose_batch(part, part_ks, guess)
             rounds.append(drafts)
             for i, (seq, twin, d) in enumerate(zip(seqs, twins, drafts)):
                 accepted = min(len(d), (step + i) % 3 + 1)

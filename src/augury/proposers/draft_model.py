@@ -26,14 +26,14 @@ proposed):
 
 Guesses make a round's forwards fewer without changing its draft: a caller
 with a free guess of how the text goes on (the hybrid's suffix matcher) hands
-it to `propose_batch`, whose first forward runs the guessed tokens after the
-catch-up. Row j's logits then follow the guesses 1..j, so while each guess is
-the token the drafter picks from the row before, the drafter has drafted it
-already, and the next row gives its next pick; the first guess it would not
-have drafted, and every row after it, is dropped from its cache. A drafted
-token costs a forward only where the guesses were wrong (staged, or cascade,
-speculation: Spector and Re 2023, Chen et al. 2023, with the matcher as the
-lowest stage).
+`propose_batch` a guesser, and each forward runs the guessed tokens after its
+own rows (the catch-up, or the token drafted last). Row j's logits then follow
+the guesses 1..j, so while each guess is the token the drafter picks from the
+row before, the drafter has drafted it already, and the next row gives its
+next pick; the first guess it would not have drafted, and every row after it,
+is dropped from its cache. A drafted token costs a forward only where the
+guesses were wrong (staged, or cascade, speculation: Spector and Re 2023, Chen
+et al. 2023, with the matcher as the lowest stage).
 
 With a prefix cache (`use_prefix_cache`, given by the batching scheduler) a
 sequence starts on the rows the drafter kept of earlier sequences with the same
@@ -44,6 +44,7 @@ guesses, never what the target commits.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +58,8 @@ from augury.proposers.base import Draft, ProposerBase, Sequence
 from augury.sampling import draw, probabilities, sample
 from augury.verify import VerifyResult
 
+# guesser(seq, drafted, n): up to n tokens guessed to follow seq.tokens + drafted (`propose_batch`)
+Guesser = Callable[[Sequence, list[int], int], list[int]]
 START_ROWS = 512  # rows one batched drafter prefill may hold (its activations grow with them)
 # Rows a drafting round's first forward may hold with its guesses (`propose_batch`): up to about 4 rows a
 # forward still costs about what one row costs (the 0.5B here: 1.14x at 4 rows, docs/benchmarks.md 36);
@@ -109,7 +112,7 @@ class DraftModelProposer(ProposerBase):
     """Drafting with a smaller model of the same family (same tokenizer)."""
 
     name = "model"
-    checks_guesses = True  # propose_batch takes guessed continuations to check (a hybrid's matcher's)
+    checks_guesses = True  # propose_batch takes a guesser whose continuations it checks (a hybrid's matcher)
 
     def __init__(
         self, draft: Model, target_vocab_size: int, *, confidence: float = 0.0, vocab_limit: int | torch.Tensor = 0,
@@ -272,7 +275,7 @@ class DraftModelProposer(ProposerBase):
     def propose(self, seq: Sequence, k: int) -> Draft:
         return self.propose_batch([seq], [k])[0]
 
-    def propose_batch(self, seqs: list[Sequence], ks: list[int], guesses: list[list[int]] | None = None) -> list[Draft]:
+    def propose_batch(self, seqs: list[Sequence], ks: list[int], guesser: Guesser | None = None) -> list[Draft]:
         """Draft up to ks[i] tokens for each sequence, one drafter forward per position for all.
 
         Decoding is bound by reading the weights, so a forward over a few
@@ -280,10 +283,11 @@ class DraftModelProposer(ProposerBase):
         matmuls here: 4 rows about 1.1x one row, 8 rows about 2x): a server
         drafting for 4 sequences pays for about one.
 
-        guesses: tokens guessed to follow each sequence (a free drafter's, the
-        hybrid's matcher's), checked in the catch-up forward (`_checked`): where
-        the drafter would have drafted them itself, it drafts several tokens
-        for one forward. The drafts are the ones it drafts without guesses.
+        guesser(seq, drafted, n): up to n tokens guessed to follow seq.tokens +
+        drafted (a free drafter's, the hybrid's matcher's), run after each
+        forward's own rows and checked (`_checked`): where the drafter would
+        have drafted them itself, one forward drafts several tokens. The drafts
+        are the ones it drafts without guesses.
         """
         drafts = [Draft([]) for _ in seqs]
         states = [self.states[seq.id] for seq in seqs]
@@ -293,32 +297,34 @@ class DraftModelProposer(ProposerBase):
             return drafts
         # Only a draft whose tokens follow from the logits alone can take guesses: greedy or coupled
         # (a sampled token drawn by rejection would consume the request's generator differently). Blocks are
-        # padded to the longest, so each may hold GUESS_ROWS // len(live) rows, its catch-up included.
+        # padded to the longest, so each may hold GUESS_ROWS // len(live) rows, its own rows included.
+        guessing = {i for i in live if guesser is not None and (seqs[i].params.greedy or seqs[i].params.coupled)}
         room = GUESS_ROWS // len(live)
-        checked = {i: guesses[i][: max(0, min(ks[i] - 1, room - len(seqs[i].tokens) + states[i].fed))] for i in live
-                   if guesses is not None and (seqs[i].params.greedy or seqs[i].params.coupled)}
-        # Catch up on what each drafter has not seen (at least the last committed
-        # token), with the guesses after it. Longer catch-ups (after steps without drafting) run alone: they
-        # are small prefills, which attend as one block rather than row by row.
-        rows: dict[int, torch.Tensor] = {}
-        short = [i for i in live if len(seqs[i].tokens) - states[i].fed <= self.decoder.row_attention_limit]
-        for group in [short] + [[i] for i in live if i not in short]:
-            if group:
-                blocks = [seqs[i].tokens[states[i].fed :] + checked.get(i, []) for i in group]
-                fed = self._feed([states[i] for i in group], blocks, tails=[len(checked.get(i, [])) + 1 for i in group])
-                rows.update(zip(group, fed))
         tokens: dict[int, list[int]] = {i: [] for i in live}
         q_rows: dict[int, list[torch.Tensor]] = {i: [] for i in live}
-        logits: dict[int, torch.Tensor] = {}
-        more = []
-        for i in live:
-            going, logits[i] = self._checked(seqs[i], states[i], rows[i], checked.get(i, []), ks[i], tokens[i], q_rows[i])
-            if going:
-                more.append(i)
-        live = more
-        while live:
-            logits.update(zip(live, self._feed([states[i] for i in live], [tokens[i][-1:] for i in live])))
-            live = [i for i in live if self._pick(seqs[i], logits[i], tokens[i], q_rows[i]) and len(tokens[i]) < ks[i]]
+
+        def guesses(i: int, own_rows: int) -> list[int]:
+            n = min(ks[i] - len(tokens[i]) - 1, room - own_rows)
+            return guesser(seqs[i], tokens[i], n)[:n] if i in guessing and n > 0 else []
+
+        # Catch up on what each drafter has not seen (at least the last committed
+        # token). Longer catch-ups (after steps without drafting) run alone: they
+        # are small prefills, which attend as one block rather than row by row.
+        # Then one forward a position, each with its sequences' guesses after the token drafted last.
+        short = [i for i in live if len(seqs[i].tokens) - states[i].fed <= self.decoder.row_attention_limit]
+        groups = [group for group in [short] + [[i] for i in live if i not in short] if group]
+        own = {i: seqs[i].tokens[states[i].fed :] for i in live}
+        while groups:
+            going = []
+            for group in groups:
+                guessed = [guesses(i, len(own[i])) for i in group]
+                blocks = [own[i] + g for i, g in zip(group, guessed)]
+                rows = self._feed([states[i] for i in group], blocks, tails=[len(g) + 1 for g in guessed])
+                for i, g, r in zip(group, guessed, rows):
+                    if self._checked(seqs[i], states[i], r, g, ks[i], tokens[i], q_rows[i]):
+                        going.append(i)
+                        own[i] = tokens[i][-1:]
+            groups = [going] if going else []
         for i in tokens:
             states[i].drafted = tokens[i]
             drafts[i] = Draft(tokens[i], self._q_draft(q_rows[i]))
@@ -327,12 +333,12 @@ class DraftModelProposer(ProposerBase):
     def _checked(
         self, seq: Sequence, state: _DraftState, rows: torch.Tensor, guessed: list[int], k: int,
         tokens: list[int], q_rows: list[torch.Tensor],
-    ) -> tuple[bool, torch.Tensor]:
-        """Draft from the catch-up forward's rows [1 + len(guessed), V]: row 0 follows the committed tokens,
-        row j the guesses 1..j. Each row's token is picked as always; the next row holds its logits only
-        while the guess there is the token picked. The cache keeps the guesses that were picked (the
-        drafter's own tokens, fed as a draft's are) and drops the rest. Returns whether to draft on
-        (a further forward) and the logits [V] the last pick came from."""
+    ) -> bool:
+        """Draft from one forward's rows [1 + len(guessed), V]: row 0 follows the tokens fed before the
+        guesses, row j the guesses 1..j. Each row's token is picked as always; the next row holds its
+        logits only while the guess there is the token picked. The cache keeps the guesses that were
+        picked (the drafter's own tokens, fed as a draft's are) and drops the rest. Returns whether to
+        draft on (a further forward, which feeds the token picked last)."""
         used = 0
         going = self._pick(seq, rows[0], tokens, q_rows) and len(tokens) < k
         while going and used < len(guessed) and tokens[-1] == guessed[used]:
@@ -341,7 +347,7 @@ class DraftModelProposer(ProposerBase):
         if used < len(guessed):  # the guesses past the last one picked leave the cache
             state.fed -= len(guessed) - used
             state.cut()
-        return going, rows[used]
+        return going
 
     def _pick(self, seq: Sequence, logits: torch.Tensor, tokens: list[int], q_rows: list[torch.Tensor]) -> bool:
         """Choose the next drafted token from the drafter's logits [V]; False if the drafter doubts it."""

@@ -15,9 +15,9 @@ kind counts as always accepted, so each is tried before the counts decide.
 A matcher draft must also have at least min(k, min_match_tokens) tokens.
 On steps the planner gave no draft the hybrid offers its matcher's draft
 alone (`propose_free`), which the planner may verify in part. Where the model
-drafts, the matcher's continuation, however short, goes to it as a guess it
-checks in its first forward (`DraftModelProposer.propose_batch`): the same
-draft, in fewer of the model's forwards where the two agree.
+drafts, the matcher's continuation of the draft so far, however short, goes to
+it as a guess it checks in each forward (`DraftModelProposer.propose_batch`):
+the same draft, in fewer of the model's forwards where the two agree.
 
 Both parts hear every step and each rolls back only what it drafted itself.
 After a step the draft model sat out, its cache still holds a prefix of the
@@ -120,11 +120,11 @@ class HybridProposer(ProposerBase):
                 fallback.append(i)
         if fallback:
             fallen = [seqs[i] for i in fallback]
-            if getattr(self.model, "checks_guesses", False):
-                # The matcher's continuation, however short, as guesses the model checks in its first
-                # forward (`DraftModelProposer.propose_batch`): a draft it would make anyway, for fewer forwards.
-                guesses = [self.matcher.propose(seqs[i], ks[i] - 1).tokens if ks[i] > 1 else [] for i in fallback]
-                model_drafts = self.model.propose_batch(fallen, [ks[i] for i in fallback], guesses)
+            guess = getattr(self.matcher, "guess", None)
+            if guess is not None and getattr(self.model, "checks_guesses", False):
+                # The matcher's continuation of the draft so far, however short, as guesses the model checks
+                # in each forward (`DraftModelProposer.propose_batch`): its own draft, in fewer forwards.
+                model_drafts = self.model.propose_batch(fallen, [ks[i] for i in fallback], guess)
             else:
                 model_drafts = propose_batch(self.model, fallen, [ks[i] for i in fallback])
             for i, draft in zip(fallback, model_drafts):

@@ -232,11 +232,25 @@ class SuffixProposer(ProposerBase):
         self._state(seq)
 
     def propose(self, seq: Sequence, k: int) -> Draft:
+        return self._draft(seq, [], k)
+
+    def guess(self, seq: Sequence, drafted: list[int], k: int) -> list[int]:
+        """Up to k tokens to follow seq.tokens + drafted (a model's draft so far), matched as `propose`
+        matches but without adding the drafted tokens to anything: the hybrid's guesses for its model
+        (`DraftModelProposer.propose_batch`)."""
+        return self._draft(seq, drafted, k).tokens
+
+    def _draft(self, seq: Sequence, drafted: list[int], k: int) -> Draft:
+        """The draft from the longest match of seq.tokens followed by `drafted` (in neither automaton)."""
         state = self._state(seq)
         own_state, own_length = state.own.repeated_suffix()
+        corpus_state, corpus_length = state.corpus_state, state.corpus_length
+        for token in drafted:
+            own_state, own_length = state.own.follow(own_state, own_length, token)
+            corpus_state, corpus_length = self.corpus.automaton.follow(corpus_state, corpus_length, token)
         matches = [
             (own_length, 1, state.own, own_state),
-            (state.corpus_length, 0, self.corpus.automaton, state.corpus_state),
+            (corpus_length, 0, self.corpus.automaton, corpus_state),
         ]
         # Longest match first; on a tie the sequence's own text, the more specific source.
         for length, _, automaton, match in sorted(matches, key=lambda m: m[:2], reverse=True):
