@@ -568,6 +568,41 @@ def test_guesses_checked_in_each_drafting_forward_leave_every_draft_as_it_was(mo
     assert max(widths) <= max(GUESS_ROWS, most_without), widths
 
 
+def test_the_guess_plan_prices_rows_against_the_forwards_guesses_save():
+    """GuessPlan: rows not yet measured are tried; measured, a guess row is carried only where the
+    forwards it is expected to save (seconds of one row times the chance the guesses before it and it
+    agree) outweigh what it adds to the forward."""
+    from augury.proposers.guess_plan import GuessPlan
+
+    def plan(extra_row: float, checked: list[int], agreed: list[int]) -> GuessPlan:
+        p = GuessPlan(max_rows=4)
+        for rows in range(1, 5):
+            for _ in range(3):
+                p.observe_forward(rows, 0.010 + extra_row * (rows - 1))
+        p.checked, p.agreed = checked, agreed
+        return p
+
+    fresh = GuessPlan(max_rows=4)
+    for _ in range(3):
+        fresh.observe_forward(1, 0.010)
+    assert fresh.guesses(1, 3) == 3, "unmeasured rows cost nothing more: every guess is tried"
+    assert GuessPlan(max_rows=4).guesses(1, 3) == 0, "nothing measured yet: no saving is counted"
+    # An AVX-512 drafter (a row +0.6 ms on 10 ms) with the probe's agreement: all three.
+    assert plan(0.0006, [100, 50, 35], [48, 33, 26]).guesses(1, 3) == 3
+    # An AVX2 one (+2.6 ms a row, about the 0.5B's 23% there): the first guess pays at 48%, the second
+    # (reached 0.48 * 0.65 of the time) too, the third (0.48 * 0.65 * 0.73 = 0.23 of 10 ms, 2.3 ms
+    # saved against 2.6 ms) no longer.
+    assert plan(0.0026, [100, 50, 35], [48, 33, 26]).guesses(1, 3) == 2
+    assert plan(0.0026, [100, 50, 35], [10, 5, 3]).guesses(1, 3) == 0, "rarely agreeing guesses are not carried"
+    assert plan(0.0006, [100, 50, 35], [48, 33, 26]).guesses(2, 3) == 2, "a 2-row catch-up leaves room for 2"
+    assert plan(0.0006, [100, 50, 35], [48, 33, 26]).guesses(1, 1) == 1, "no more than the draft has room for"
+
+    counted = GuessPlan(max_rows=4)
+    counted.observe_guesses(checked=2, agreed=1)
+    counted.observe_guesses(checked=1, agreed=1)
+    assert (counted.checked, counted.agreed) == ([2, 1, 0, 0], [2, 0, 0, 0])
+
+
 # -- a head on some token ids only (--draft-vocab) -----------------------------------------------------
 
 

@@ -44,6 +44,7 @@ guesses, never what the target commits.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,15 +56,16 @@ from augury.models.decoder import Decoder
 from augury.models.loader import Model
 from augury.prefix_cache import PrefixCache
 from augury.proposers.base import Draft, ProposerBase, Sequence
+from augury.proposers.guess_plan import GuessPlan
 from augury.sampling import draw, probabilities, sample
 from augury.verify import VerifyResult
 
 # guesser(seq, drafted, n): up to n tokens guessed to follow seq.tokens + drafted (`propose_batch`)
 Guesser = Callable[[Sequence, list[int], int], list[int]]
 START_ROWS = 512  # rows one batched drafter prefill may hold (its activations grow with them)
-# Rows a drafting round's first forward may hold with its guesses (`propose_batch`): up to about 4 rows a
-# forward still costs about what one row costs (the 0.5B here: 1.14x at 4 rows, docs/benchmarks.md 36);
-# past that each row adds its own arithmetic, and a batch of sequences has its rows already.
+# The most rows a drafting forward holds with its guesses (`propose_batch`; `GuessPlan` chooses how many
+# guesses within it): a drafter stops at K <= 4 or so anyway, and past a few rows each row adds its own
+# arithmetic (docs/benchmarks.md 36).
 GUESS_ROWS = 4
 
 
@@ -131,6 +133,7 @@ class DraftModelProposer(ProposerBase):
         self.confidence = confidence
         self.states: dict[int, _DraftState] = {}
         self._forwards = 0
+        self.guess_plan = GuessPlan(GUESS_ROWS)
         self.prefix: PrefixCache | None = None
 
     def prefix_token_bytes(self) -> int:
@@ -258,10 +261,13 @@ class DraftModelProposer(ProposerBase):
             # only_last: every block's last row is the block's last row (or no row is wanted)
             only_last = width == 1 or len(blocks) == 1 or not want_logits
             first = width - 1 if only_last else 0
+        t0 = time.perf_counter()
         logits = self.decoder.forward(
             torch.tensor(rows, device=self.decoder.device), cache, logits_rows=slice(first, None)
         )
         self._forwards += 1
+        if tails is not None and len(blocks) == 1:  # a drafting forward of one sequence: its rows' price
+            self.guess_plan.observe_forward(width, time.perf_counter() - t0)
         out = []
         for b, (state, block, tail) in enumerate(zip(states, blocks, wanted)):
             state.fed += len(block)
@@ -296,16 +302,16 @@ class DraftModelProposer(ProposerBase):
         if not live:
             return drafts
         # Only a draft whose tokens follow from the logits alone can take guesses: greedy or coupled
-        # (a sampled token drawn by rejection would consume the request's generator differently). Blocks are
-        # padded to the longest, so each may hold GUESS_ROWS // len(live) rows, its own rows included.
+        # (a sampled token drawn by rejection would consume the request's generator differently); and only a
+        # sequence drafting alone in its forward (blocks are padded to the longest, and a batch has rows
+        # enough). The plan prices each forward's guesses by what rows and guesses measured.
         guessing = {i for i in live if guesser is not None and (seqs[i].params.greedy or seqs[i].params.coupled)}
-        room = GUESS_ROWS // len(live)
         tokens: dict[int, list[int]] = {i: [] for i in live}
         q_rows: dict[int, list[torch.Tensor]] = {i: [] for i in live}
 
-        def guesses(i: int, own_rows: int) -> list[int]:
-            n = min(ks[i] - len(tokens[i]) - 1, room - own_rows)
-            return guesser(seqs[i], tokens[i], n)[:n] if i in guessing and n > 0 else []
+        def guesses(i: int, own_rows: int, alone: bool) -> list[int]:
+            n = self.guess_plan.guesses(own_rows, ks[i] - len(tokens[i]) - 1) if alone and i in guessing else 0
+            return guesser(seqs[i], tokens[i], n)[:n] if n > 0 else []
 
         # Catch up on what each drafter has not seen (at least the last committed
         # token). Longer catch-ups (after steps without drafting) run alone: they
@@ -317,7 +323,7 @@ class DraftModelProposer(ProposerBase):
         while groups:
             going = []
             for group in groups:
-                guessed = [guesses(i, len(own[i])) for i in group]
+                guessed = [guesses(i, len(own[i]), len(group) == 1) for i in group]
                 blocks = [own[i] + g for i, g in zip(group, guessed)]
                 rows = self._feed([states[i] for i in group], blocks, tails=[len(g) + 1 for g in guessed])
                 for i, g, r in zip(group, guessed, rows):
@@ -339,11 +345,16 @@ class DraftModelProposer(ProposerBase):
         logits only while the guess there is the token picked. The cache keeps the guesses that were
         picked (the drafter's own tokens, fed as a draft's are) and drops the rest. Returns whether to
         draft on (a further forward, which feeds the token picked last)."""
-        used = 0
+        used = checked = 0
         going = self._pick(seq, rows[0], tokens, q_rows) and len(tokens) < k
-        while going and used < len(guessed) and tokens[-1] == guessed[used]:
+        while going and used < len(guessed):
+            checked += 1
+            if tokens[-1] != guessed[used]:
+                break
             used += 1
             going = self._pick(seq, rows[used], tokens, q_rows) and len(tokens) < k
+        if guessed:
+            self.guess_plan.observe_guesses(checked, used)
         if used < len(guessed):  # the guesses past the last one picked leave the cache
             state.fed -= len(guessed) - used
             state.cut()
