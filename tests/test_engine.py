@@ -7,7 +7,8 @@ import torch
 
 from augury.engine import Engine, check_k
 from augury.errors import AuguryError
-from augury.proposers.draft_model import DraftModelProposer, check_same_vocabulary
+from augury.proposers.draft_model import DraftModelProposer
+from augury.proposers.draft_model_build import check_same_vocabulary
 from augury.sampling import SamplingParams
 from tests.proposer_cases import PROPOSER_CASES, make_proposer
 from tests.tiny import CharTokenizer, tiny_model

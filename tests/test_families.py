@@ -339,7 +339,7 @@ def _as_model(name: str, tokens: dict[int, str], head_rows: int) -> SimpleNamesp
 def test_drafter_pairing_checks_the_ids_the_drafter_can_emit_or_read():
     """Accepted: only unused trailing ids differ (Qwen's padded heads). Refused: any id the drafter can emit, or
     any token the target can commit, that the two tokenizers disagree on."""
-    from augury.proposers.draft_model import check_same_vocabulary
+    from augury.proposers.draft_model_build import check_same_vocabulary
 
     words = {i: f"t{i}" for i in range(90)}
     target = _as_model("big", words, 96)

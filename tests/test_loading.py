@@ -13,7 +13,7 @@ import torch
 
 from augury.errors import AuguryError
 from augury.models.loader import load_model
-from augury.proposers.draft_model import check_same_vocabulary
+from augury.proposers.draft_model_build import check_same_vocabulary
 from tests.gguf_files import cli_home, write_hf_as_gguf
 from tests.tiny import hf_model
 

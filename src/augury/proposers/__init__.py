@@ -36,7 +36,7 @@ class Method:
 
 
 METHODS: dict[str, Method] = {
-    "model": Method("a smaller model with the target's tokenizer", opts.ModelOptions, "draft_model"),
+    "model": Method("a smaller model with the target's tokenizer", opts.ModelOptions, "draft_model_build"),
     "ngram": Method("prompt lookup: the latest earlier occurrence of the last n tokens", opts.NgramOptions, "ngram"),
     "suffix": Method("suffix automaton over prompt, output and earlier outputs", opts.SuffixOptions, "suffix"),
     "hybrid": Method("the suffix matcher, else the draft model", opts.HybridOptions, "hybrid"),

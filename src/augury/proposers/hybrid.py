@@ -166,7 +166,7 @@ class HybridProposer(ProposerBase):
 def build(target: Model, options) -> HybridProposer:
     """Suffix matcher (with the optional corpus) plus the draft model named by options.draft, or the head
     given by options.head (HybridOptions)."""
-    from augury.proposers.draft_model import build as build_model
+    from augury.proposers.draft_model_build import build as build_model
 
     if options.head:  # a trained head (augury train) instead of a draft model
         from augury.proposers.heads import build as build_head

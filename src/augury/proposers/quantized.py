@@ -29,7 +29,7 @@ def build(target: Model, options) -> QuantizedProposer:
     if options.draft_quant not in QUANT_FORMATS:
         raise AuguryError(f"unknown --draft-quant '{options.draft_quant}' for the quantized self-draft "
                           f"(choose from {', '.join(QUANT_FORMATS)})")
-    from augury.proposers.draft_model import converted_drafter
+    from augury.proposers.draft_model_build import converted_drafter
 
     # int4 falls back to int8 where its kernel does not run
     draft = converted_drafter(dataclasses.replace(target, name=f"{target.name}:{options.draft_quant}"), options)
