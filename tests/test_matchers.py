@@ -64,9 +64,12 @@ def reference_suffix(tokens: list[int], k: int, n_min: int) -> list[int]:
         return any(end < len(tokens) for end in occurrences(tokens, tokens[len(tokens) - n :]))
 
     length = max((n for n in range(len(tokens)) if occurred_earlier(n)), default=0)
-    if length < n_min:
-        return []
-    context, out = tokens[len(tokens) - length :], []
+    return reference_continuation(tokens, tokens[len(tokens) - length :], k) if length >= n_min else []
+
+
+def reference_continuation(tokens: list[int], context: list[int], k: int) -> list[int]:
+    """Up to k tokens after context, each the most frequent (then latest) next token in tokens."""
+    context, out = list(context), []
     while len(out) < k:
         best = None
         for token in set(tokens):
@@ -211,20 +214,7 @@ def reference_guess(tokens: list[int], drafted: list[int], k: int, n_min: int) -
         return reference_suffix(tokens, k, n_min)
     text = tokens + drafted
     length = max((n for n in range(len(text)) if occurrences(tokens, text[len(text) - n :])), default=0)
-    if length < n_min:
-        return []
-    context, out = text[len(text) - length :], []
-    while len(out) < k:
-        best = None
-        for token in set(tokens):
-            ends = occurrences(tokens, context + [token])
-            if ends and (best is None or (len(ends), ends[-1]) > best[0]):
-                best = ((len(ends), ends[-1]), token)
-        if best is None:
-            break
-        out.append(best[1])
-        context.append(best[1])
-    return out
+    return reference_continuation(tokens, text[len(text) - length :], k) if length >= n_min else []
 
 
 def test_suffix_guess_after_drafted_tokens_matches_brute_force_and_changes_nothing():

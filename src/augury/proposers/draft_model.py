@@ -159,7 +159,7 @@ class DraftModelProposer(ProposerBase):
                 states.append(_DraftState(cache=pool.rows(b, b + 1), fed=offset, drafted=[], offset=offset))
             self.states.update((seq.id, state) for seq, state in zip(group, states))
             if longest > 0:
-                self._feed(states, [block(seq) for seq in group], want_logits=False, cache=pool)
+                self._feed(states, [block(seq) for seq in group], cache=pool)
 
     def prefill_batch(self, seqs: list[Sequence], counts: list[int]) -> list[int]:
         """Feed each sequence's next counts[i] tokens the drafter has not seen, drafting nothing; returns
@@ -186,7 +186,7 @@ class DraftModelProposer(ProposerBase):
                   for seq, state, n in zip(seqs, states, counts)]
         fed = [(state, block) for state, block in zip(states, blocks) if block]
         if fed:
-            self._feed([state for state, _ in fed], [block for _, block in fed], want_logits=False)
+            self._feed([state for state, _ in fed], [block for _, block in fed])
         return [state.fed for state in states]
 
     def _start_from_prefix(self, seq: Sequence) -> bool:
@@ -202,35 +202,29 @@ class DraftModelProposer(ProposerBase):
         state = _DraftState(cache=cache, fed=self.prefix.take(block, len(block), cache), drafted=[])
         self.states[seq.id] = state
         if state.fed < len(block):
-            self._feed([state], [block[state.fed :]], want_logits=False)
+            self._feed([state], [block[state.fed :]])
         return True
 
     def _feed(
-        self, states: list[_DraftState], blocks: list[list[int]], want_logits: bool = True,
-        cache: KVCache | None = None, tails: list[int] | None = None,
+        self, states: list[_DraftState], blocks: list[list[int]], cache: KVCache | None = None,
+        tails: list[int] | None = None,
     ) -> list[torch.Tensor]:
-        """Run each state's block of tokens through the drafter; the logits of each block's last rows.
+        """Run each state's block of tokens through the drafter; with tails, the logits of each block's last
+        tails[b] rows [tails[b], V], else nothing (the caches are only filled).
 
         One forward for all of them: ragged blocks are padded with their last
         token (padding comes after the real tokens, so nothing real sees it)
-        and each cache is cut back to its real length afterwards. Returns per
-        state its block's last row's logits [V], or with tails its last
-        tails[b] rows' [tails[b], V]. want_logits False: only fill the caches
-        (nothing is returned). cache: one cache whose rows
-        are the states' caches, in order (else the states' caches are grouped).
+        and each cache is cut back to its real length afterwards. cache: one
+        cache whose rows are the states' caches, in order (else the states'
+        caches are grouped).
         """
         width = max(len(block) for block in blocks)
         rows = [block + block[-1:] * (width - len(block)) for block in blocks]
         if cache is None:
             cache = states[0].cache if len(states) == 1 else CacheGroup([state.cache for state in states])
-        wanted = tails if tails is not None else [1] * len(blocks)
-        if tails is not None and want_logits:
-            # The head runs from the first row any block wants to the end (padding rows included).
-            first = min(len(block) - tail for block, tail in zip(blocks, wanted))
-        else:
-            # only_last: every block's last row is the block's last row (or no row is wanted)
-            only_last = width == 1 or len(blocks) == 1 or not want_logits
-            first = width - 1 if only_last else 0
+        # The head runs from the first row any block wants to the end (padding rows included); one row
+        # where none is wanted.
+        first = min(len(block) - tail for block, tail in zip(blocks, tails)) if tails is not None else width - 1
         t0 = time.perf_counter()
         logits = self.decoder.forward(
             torch.tensor(rows, device=self.decoder.device), cache, logits_rows=slice(first, None)
@@ -238,15 +232,14 @@ class DraftModelProposer(ProposerBase):
         self._forwards += 1
         if tails is not None and len(blocks) == 1:  # a drafting forward of one sequence: its rows' price
             self.guess_plan.observe_forward(width, time.perf_counter() - t0)
-        out = []
-        for b, (state, block, tail) in enumerate(zip(states, blocks, wanted)):
+        for state, block in zip(states, blocks):
             state.fed += len(block)
             if width > len(block):
                 state.cut()
-            if want_logits:
-                picked = logits[b, len(block) - tail - first : len(block) - first]
-                out.append(picked if tails is not None else picked[0])
-        return out
+        if tails is None:
+            return []
+        return [logits[b, len(block) - tail - first : len(block) - first]
+                for b, (block, tail) in enumerate(zip(blocks, tails))]
 
     def propose(self, seq: Sequence, k: int) -> Draft:
         return self.propose_batch([seq], [k])[0]
