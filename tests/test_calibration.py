@@ -14,9 +14,14 @@ import torch
 from augury.calibration import RowPadding, calibrate, load_or_calibrate
 
 
-def test_calibration_finds_the_padding_that_avoids_a_row_dependent_kernel():
+def test_calibration_finds_the_padding_that_avoids_a_row_dependent_kernel(monkeypatch):
     """A matmul that rounds differently below 4 rows (as a GEMV path does) is invariant only when
-    padded to at least 4; the calibration must find that, not assume it."""
+    padded to at least 4 (or split into pieces of at most 3 rows, which costs a call each); the
+    calibration must find that, not assume it. A matmul's time is a call plus its rows (timed for real
+    under the suite's other worker, 2 rows once looked faster than 1 and padded every token)."""
+    import augury.calibration as calibration
+
+    monkeypatch.setattr(calibration, "_seconds", lambda agree, n, repeats=3: 5e-3 + n * 1e-4)
     weight = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
 
     def rowwise(x):  # every row through the same one-row product: invariant by construction
@@ -31,6 +36,24 @@ def test_calibration_finds_the_padding_that_avoids_a_row_dependent_kernel():
     assert padding.pad(1) >= 4 and all(padding.pad(r) >= 4 for r in range(1, 13))
     plain = calibrate([rowwise], [8], torch.float32, max_rows=12)
     assert plain.pad(1) == 1, "an invariant matmul needs no padding"
+
+
+def test_timing_noise_between_bases_keeps_the_smaller_padding(monkeypatch):
+    """Every base agrees for an invariant matmul; when 2 rows time 1% faster than 1 (noise) the
+    unpadded table must still win, and when 2 rows are really faster (half the time) padding wins."""
+    import augury.calibration as calibration
+
+    weight = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+
+    def rowwise(x):
+        return torch.stack([weight @ row for row in x])
+
+    for two_rows, expected in ((0.99, 1), (0.5, 2)):
+        times = lambda agree, n, repeats=3: (two_rows if n == 2 else n) * 1e-3  # noqa: E731
+        monkeypatch.setattr(calibration, "_seconds", times)
+        padding = calibrate([rowwise], [8], torch.float32, max_rows=12)
+        assert padding.pad(1) == expected, (two_rows, padding)
+        assert all(padding.pad(r) == r for r in range(3, 13)), padding
 
 
 def test_calibration_pads_only_the_row_counts_a_kernel_rounds_differently(monkeypatch):
