@@ -7,9 +7,11 @@ scheduler's choices under a slow verifier).
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
-from augury.planner import DraftOdds, DraftTally, Planner, ProbeTimer, StepCosts
+from augury.planner import DraftOdds, DraftTally, Planner, ProbeTimer, ShapeCosts, StepCosts
 from augury.step_rate import plan_step, verify_time
 
 
@@ -484,6 +486,24 @@ def test_a_cost_curves_points_are_read_as_measured_until_the_run_measures_them()
     for _ in range(5):
         planner.costs.observe_target(1, 1, 0.060)
     assert planner.costs.target_time(1, 1) == pytest.approx(0.060)
+
+
+def test_a_stale_curve_is_scaled_by_what_the_run_measured():
+    """A quick curve saved in a slow spell (1 token 63.6 ms ... 5 tokens 78.9) while this run's steps are
+    0.64x as dear: once the run has measured the 5-token verification, the plain step it has not run is
+    priced at the same ratio, not at the stale 63.6 ms beside a fresh 50.5 ms verification (which made
+    every draft look like a 1.26x gain, docs/benchmarks.md 37a); the shapes' ratios stay the curve's."""
+    curve = {1: 63.6, 2: 66.0, 3: 70.1, 4: 74.7, 5: 78.9}
+    planner = Planner(4, batched=False, curve=curve)
+    for _ in range(ShapeCosts.MIN_SAMPLES):
+        planner.costs.observe_target(1, 5, 0.0789 * 0.64)
+    assert planner.costs.target_time(1, 5) == pytest.approx(0.0789 * 0.64)
+    assert [planner.costs.target_time(1, t) for t in (1, 2, 3, 4)] == pytest.approx(
+        [curve[t] * 0.64 / 1e3 for t in (1, 2, 3, 4)])
+    for _ in range(ShapeCosts.MIN_SAMPLES):  # the run's own plain steps then stand for themselves
+        planner.costs.observe_target(1, 1, 0.0415)
+    assert planner.costs.target_time(1, 1) == pytest.approx(0.0415)
+    assert planner.costs.target_time(1, 2) == pytest.approx(0.066 * statistics.median([0.64, 41.5 / 63.6]))
 
 
 def test_a_drafter_priced_out_in_a_slow_spell_is_measured_again():

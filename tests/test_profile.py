@@ -48,6 +48,22 @@ def test_curve_has_every_row_count(tmp_path):
     assert list(curve) == ROWS and all(ms > 0 for ms in curve.values())
 
 
+def test_the_curves_sizes_take_turns_so_a_slow_spell_moves_them_alike(tmp_path, monkeypatch):
+    """Each timed round runs every size once, after one warm-up round: a slow spell of the machine then
+    lands on every size, not on one size's whole run."""
+    model = _model(tmp_path)
+    seen: list[int] = []
+    forward = model.decoder.forward
+
+    def recording(tokens, cache, **kwargs):
+        seen.append(tokens.shape[1])
+        return forward(tokens, cache, **kwargs)
+
+    monkeypatch.setattr(model.decoder, "forward", recording)
+    forward_curve(model, context=8, rows=[1, 2, 4], repeats=3)
+    assert seen == [8] + [1, 2, 4] * 4
+
+
 def test_cost_curve_round_trips_for_the_same_model_machine_and_padding(tmp_path, home):
     model = _model(tmp_path)
     assert load_cost_curve(model) is None  # never measured

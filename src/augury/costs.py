@@ -102,25 +102,30 @@ def weight_bytes_per_step(model: Model) -> int:
 
 
 def forward_curve(model: Model, context: int, rows: list[int], repeats: int = 5) -> dict[int, float]:
-    """Median ms of a forward of T new tokens after `context` cached tokens, for each T."""
+    """Median ms of a forward of T new tokens after `context` cached tokens, for each T.
+
+    The sizes take turns, a round of every T per repeat after a warm-up round:
+    timed one size after another, a slow spell of a shared machine fell on one
+    size alone, and a quick curve came out with 1 token dearer than 2 (73.2 ms
+    against 59.5, docs/benchmarks.md 37a). Taking turns, a spell moves every
+    size alike, and the planner keeps the curve's ratios (`ShapeCosts.set_prior`).
+    """
     decoder = model.decoder
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     cache = decoder.new_cache(1, slots_for(context, max(rows)))
     decoder.forward(torch.randint(0, vocab, (1, context), generator=gen), cache, logits_rows=slice(-1, None))
-    out = {}
-    for t in rows:
-        block = torch.randint(0, vocab, (1, t), generator=gen)
-        times = []
-        for i in range(repeats + 1):
+    blocks = {t: torch.randint(0, vocab, (1, t), generator=gen) for t in rows}
+    times: dict[int, list[float]] = {t: [] for t in rows}
+    for i in range(repeats + 1):
+        for t, block in blocks.items():
             t0 = time.perf_counter()
             decoder.forward(block, cache)
             elapsed = time.perf_counter() - t0
             cache.truncate(context)
-            if i:  # the first is a warm-up
-                times.append(elapsed)
-        out[t] = statistics.median(times) * 1e3
-    return out
+            if i:  # the first round is a warm-up
+                times[t].append(elapsed)
+    return {t: statistics.median(samples) * 1e3 for t, samples in times.items()}
 
 
 def cost_curve_for(model: Model, k_max: int) -> dict[int, float]:

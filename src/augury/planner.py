@@ -117,11 +117,11 @@ class Planner:
         self.costs = StepCosts()
         for tokens, ms in sorted((curve or {}).items()):
             self.costs.observe_rows(tokens, ms / 1000.0)
-            # A curve's point is a profile's median, read as measured until this run has measured that
-            # shape itself: seen once, it was read from the line through all points, which a curve flat
-            # from 1 to 2 tokens and steep after puts 22% below the 1-token step (docs/benchmarks.md 28b).
-            for _ in range(ShapeCosts.MIN_SAMPLES if tokens <= k_max + 1 else 0):
-                self.costs.observe_target(1, tokens, ms / 1000.0)
+            # A curve's point is a profile's median, a prior for that shape until this run has measured it
+            # (scaled by what the run measured of the others): read from the line through all points, a
+            # curve flat from 1 to 2 tokens and steep after put 2 tokens 22% below 1 (docs/benchmarks.md 28b).
+            if tokens <= k_max + 1:
+                self.costs.prior_target(1, tokens, ms / 1000.0)
         self.drafted = 0  # server-wide drafted and accepted tokens
         self.accepted = 0
         self.steps = 0

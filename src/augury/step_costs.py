@@ -34,7 +34,29 @@ class ShapeCosts:
     def __init__(self, forget: float = FORGET) -> None:
         self.forget = forget  # per-observation discount in the least-squares line
         self.recent: dict[object, collections.deque] = {}  # shape -> its last RECENT samples
+        self.prior: dict[object, float] = {}  # shape -> seconds measured before this run (`set_prior`)
         self._sums = [0.0] * 5  # discounted sums of w, w*n, w*n^2, w*t, w*n*t
+
+    def set_prior(self, shape: object, size: float, seconds: float) -> None:
+        """A shape's cost as measured before this run (a saved profile): its level may be stale, its
+        ratio to the other prior shapes is kept.
+
+        Read as measured, a curve a quick measurement saved in a slow spell of a
+        shared VM priced the plain step at 63.6 ms where this run's took 40.6
+        (docs/benchmarks.md 37a): the verification shapes the run measured soon
+        took their own prices and were compared with the stale plain step. So a
+        prior shape the run has not measured enough costs its prior times the
+        run's measured-over-prior ratio of the shapes it has (`time`).
+        """
+        self.prior[shape] = seconds
+        self._sums = [self.forget * s + x for s, x in zip(self._sums, (1.0, size, size * size, seconds, size * seconds))]
+
+    def prior_scale(self) -> float:
+        """This run's cost over the prior's, the median over the prior shapes measured MIN_SAMPLES times (1.0
+        before any)."""
+        ratios = [statistics.median(self.recent[shape]) / seconds for shape, seconds in self.prior.items()
+                  if seconds > 0 and len(self.recent.get(shape, ())) >= self.MIN_SAMPLES]
+        return statistics.median(ratios) if ratios else 1.0
 
     def observe(self, shape: object, size: float, seconds: float) -> None:
         self.recent.setdefault(shape, collections.deque(maxlen=self.RECENT)).append(seconds)
@@ -58,6 +80,8 @@ class ShapeCosts:
         recent = self.recent.get(shape, ())
         if len(recent) >= self.MIN_SAMPLES:
             return statistics.median(recent)
+        if shape in self.prior:
+            return self.prior[shape] * self.prior_scale()
         a, b = line or self.line()
         return a + b * size
 
@@ -112,6 +136,10 @@ class StepCosts:
 
     def observe_target(self, rows: int, block: int, seconds: float) -> None:
         self.target.observe((rows, block), rows * block, seconds)
+
+    def prior_target(self, rows: int, block: int, seconds: float) -> None:
+        """A target forward's cost measured before this run (`ShapeCosts.set_prior`)."""
+        self.target.set_prior((rows, block), rows * block, seconds)
 
     def target_time(self, rows: int, block: int) -> float:
         return self.target.time((rows, block), rows * block)
