@@ -49,7 +49,7 @@ class ShapeCosts:
         run's measured-over-prior ratio of the shapes it has (`time`).
         """
         self.prior[shape] = seconds
-        self._sums = [self.forget * s + x for s, x in zip(self._sums, (1.0, size, size * size, seconds, size * seconds))]
+        self._fit(size, seconds)
 
     def prior_scale(self) -> float:
         """This run's cost over the prior's, the median over the prior shapes measured MIN_SAMPLES times (1.0
@@ -60,6 +60,10 @@ class ShapeCosts:
 
     def observe(self, shape: object, size: float, seconds: float) -> None:
         self.recent.setdefault(shape, collections.deque(maxlen=self.RECENT)).append(seconds)
+        self._fit(size, seconds)
+
+    def _fit(self, size: float, seconds: float) -> None:
+        """Add one point to the discounted least-squares line (`line`)."""
         new = (1.0, size, size * size, seconds, size * seconds)
         self._sums = [self.forget * s + x for s, x in zip(self._sums, new)]
 
