@@ -35,6 +35,7 @@ class ShapeCosts:
         self.forget = forget  # per-observation discount in the least-squares line
         self.recent: dict[object, collections.deque] = {}  # shape -> its last RECENT samples
         self.prior: dict[object, float] = {}  # shape -> seconds measured before this run (`set_prior`)
+        self._scale: float | None = None  # `prior_scale`, until a prior or a prior shape's sample changes it
         self._sums = [0.0] * 5  # discounted sums of w, w*n, w*n^2, w*t, w*n*t
 
     def set_prior(self, shape: object, size: float, seconds: float) -> None:
@@ -49,17 +50,22 @@ class ShapeCosts:
         run's measured-over-prior ratio of the shapes it has (`time`).
         """
         self.prior[shape] = seconds
+        self._scale = None
         self._fit(size, seconds)
 
     def prior_scale(self) -> float:
         """This run's cost over the prior's, the median over the prior shapes measured MIN_SAMPLES times (1.0
         before any)."""
-        ratios = [statistics.median(self.recent[shape]) / seconds for shape, seconds in self.prior.items()
-                  if seconds > 0 and len(self.recent.get(shape, ())) >= self.MIN_SAMPLES]
-        return statistics.median(ratios) if ratios else 1.0
+        if self._scale is None:  # kept between samples: the planner prices many shapes a step
+            ratios = [statistics.median(self.recent[shape]) / seconds for shape, seconds in self.prior.items()
+                      if seconds > 0 and len(self.recent.get(shape, ())) >= self.MIN_SAMPLES]
+            self._scale = statistics.median(ratios) if ratios else 1.0
+        return self._scale
 
     def observe(self, shape: object, size: float, seconds: float) -> None:
         self.recent.setdefault(shape, collections.deque(maxlen=self.RECENT)).append(seconds)
+        if shape in self.prior:
+            self._scale = None
         self._fit(size, seconds)
 
     def _fit(self, size: float, seconds: float) -> None:
