@@ -390,15 +390,15 @@ def test_top_p_keeps_every_token_tied_at_the_cut():
     assert probs[1] == probs[2] == probs[3]
 
 
-def test_nucleus_cut_is_bitwise_its_full_sort_reference():
+@pytest.mark.parametrize("vocab", [151_936, 32_768])  # a target's row; a drafter's head on its first 32k ids
+def test_nucleus_cut_is_bitwise_its_full_sort_reference(vocab):
     """The top-k shortcut gives the full sort's cut, bits and all, row by row: peaked rows (the
     shortcut), flat and tied rows (the fallback), batched together or alone."""
-    from augury.sampling import NUCLEUS_CANDIDATES, nucleus_boundary, nucleus_boundary_reference
+    from augury.sampling import nucleus_boundary, nucleus_boundary_reference, nucleus_stages
 
     gen = torch.Generator().manual_seed(7)
-    vocab = 151_936
     rows = [torch.randn(vocab, generator=gen) * scale for scale in (8.0, 4.0, 2.0, 0.5, 0.01)]
-    for stage in NUCLEUS_CANDIDATES:
+    for stage in nucleus_stages(vocab):
         tied = torch.full((vocab,), -5.0)
         tied[:3] = 3.0
         tied[3 : 3 + 3 * stage] = 0.0  # a tie group straddling a stage's candidates
@@ -413,10 +413,30 @@ def test_nucleus_cut_is_bitwise_its_full_sort_reference():
         for i in range(len(rows)):
             assert torch.equal(nucleus_boundary(probs[i : i + 1], top_p), fast[i : i + 1]), f"row {i} alone"
         sizes.update((probs >= fast).sum(-1).tolist())
-    bounds = (0, *NUCLEUS_CANDIDATES, vocab + 1)  # a nucleus in [bounds[i], bounds[i + 1]) ends at stage i
+    bounds = (0, *nucleus_stages(vocab), vocab + 1)  # a nucleus in [bounds[i], bounds[i + 1]) ends at stage i
     stages = {f"stage {i} (< {high})": any(low <= n < high for n in sizes)
               for i, (low, high) in enumerate(zip(bounds, bounds[1:]))}
     assert all(stages.values()), f"nuclei of {sorted(sizes)} tokens leave a stage untried: {stages}"
+
+
+@pytest.mark.parametrize("vocab", [151_936, 32_768])
+def test_a_peaked_row_is_cut_without_sorting_it(vocab, monkeypatch):
+    """A nucleus among a row's largest probabilities is cut from a top-k, not a sort of the whole row, on
+    a target's vocabulary and on a drafter's head cut to its first 32,768 ids alike (which sorted every
+    sampled drafted token's row); a flat row still falls back to the sort."""
+    import augury.sampling as sampling
+
+    sorted_rows = []
+    reference = sampling.nucleus_boundary_reference
+    monkeypatch.setattr(sampling, "nucleus_boundary_reference",
+                        lambda probs, top_p: sorted_rows.append(probs.shape[0]) or reference(probs, top_p))
+    gen = torch.Generator().manual_seed(3)
+    peaked = torch.softmax(torch.randn(3, vocab, generator=gen) * 6.0, -1)
+    sampling.nucleus_boundary(peaked, 0.95)
+    assert not sorted_rows, f"{sum(sorted_rows)} of 3 peaked rows of {vocab} sorted whole"
+    flat = torch.full((1, vocab), 1.0 / vocab)
+    sampling.nucleus_boundary(flat, 0.95)
+    assert sorted_rows == [1], f"the flat row's fallback: {sorted_rows}"
 
 
 @pytest.mark.parametrize("vocab", [16, 1000, 152_064])
