@@ -11,6 +11,7 @@ each forward's rows are recorded as it runs.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
@@ -92,6 +93,21 @@ def test_drafts_are_cut_longest_first_to_the_time_and_never_a_fixed_one():
         "a seeded rejection draft was cut"
 
 
+def test_the_rest_of_a_step_is_priced_beside_its_forward():
+    """CURVE's forward (8 ms + 2 ms a row) and a measured rest of 1 ms a decoding sequence (verifying,
+    sampling, the streams' text): 16.5 ms hold 2 rows, not 4 (8 + 2 * 2 + 2 = 14; 3 rows 17), and a
+    step's drafts are cut by the same sum: 2 and 1 drafted tokens keep 0 and 1 (8 + 2 * 3 + 2 = 16),
+    where the forward alone kept 1 and 1 (8 + 2 * 4 = 16)."""
+    b = bound(16.5)
+    assert b.rows() == 4 and b.fit([2, 1], [False, False], 0, drafted=True) == [1, 1]
+    for sequences in (1, 2, 4, 8):
+        for _ in range(3):
+            b.costs.observe_rest(sequences, sequences / 1000)
+    assert b.rows() == 2 and b.seats(16) == 2, "the rest of a step was not priced"
+    assert bound(17.5, b.costs).rows() == 3
+    assert b.fit([2, 1], [False, False], 0, drafted=True) == [0, 1]
+
+
 def test_a_bad_bound_is_one_line(capsys):
     target = native_model("qwen2", seed=5)
     for bad in (0.0, -5.0, float("nan"), float("inf")):
@@ -129,9 +145,27 @@ def bounded(monkeypatch):
     def make(proposer=None, **config) -> Scheduler:
         scheduler = Scheduler(model, proposer, SchedulerConfig(**config))
         scheduler.planner.costs.rows.observe = lambda *args: None
+        scheduler.planner.costs.rest.observe = lambda *args: None
         return scheduler
 
     return model, rows, make
+
+
+def test_each_decode_step_reports_what_it_took_beyond_its_forward(bounded):
+    """The scheduler measures the rest of every step in which streams decode, by how many: three requests
+    on three rows, prompts of 3-5 tokens, 6 tokens each, so steps decode 1 to 3 sequences; each rest is
+    under the wall time of the whole run and not negative."""
+    model, rows, make = bounded
+    scheduler = make(max_batch=3, max_step_ms=50.0)
+    samples: list[tuple[int, float]] = []
+    scheduler.planner.costs.observe_rest = lambda sequences, seconds: samples.append((sequences, seconds))
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    t0 = time.perf_counter()
+    run_scheduler(scheduler, [(tokens(n, seed=n), params) for n in (3, 4, 5)])
+    wall = time.perf_counter() - t0
+    assert samples, "no step's rest was measured"
+    assert {n for n, _ in samples} <= {1, 2, 3} and 3 in {n for n, _ in samples}, f"sequences per step: {samples}"
+    assert all(0.0 <= seconds < wall for _, seconds in samples), f"rests {samples} in a run of {wall:.3f} s"
 
 
 @pytest.mark.parametrize("bound", [None, 14.0])

@@ -399,6 +399,8 @@ class Scheduler:
                 finished.append((ticket, None))
         for ticket, failure in finished:
             self._release(ticket, failure)
+        if decoding:  # what the step took beyond its forward and its drafting, for a bound on the whole step
+            self.planner.costs.observe_rest(len(decoding), time.perf_counter() - t0 - draft_s - report.forward_s)
 
     def _step_budget(self, decode_rows: int) -> int:
         """Prompt tokens (the target's pieces, and a drafter's) a step beside decode_rows rows may feed: the fixed

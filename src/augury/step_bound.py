@@ -5,7 +5,8 @@ and every prompt token it feeds, and on a CPU each row costs real time (a
 16-row step of a 1.5B model is 4.8x a 1-row one on an AVX2 Zen 2,
 docs/benchmarks.md 25a), so each stream's time per token grows with the load.
 Given a time, `StepBound` reads the planner's measured forward costs
-(`StepCosts.rows`) for the rows that fit; the scheduler then runs no more
+(`StepCosts.rows`) for the rows that fit, plus the measured rest of a step
+(`StepCosts.rest`: verifying, sampling, the streams' text); the scheduler then runs no more
 sequences than that (`seats`), cuts the plan's K and the trimmed drafts to it
 (`fit`) and feeds prompt pieces from what is left (`pieces`). The bound is
 paid for in time to first token: the sequences past the seats wait in the
@@ -38,14 +39,21 @@ class StepBound:
 
         Sizes are tried upwards and the first too slow ends the count, each by its own median once seen a
         few times, else by the line through all sizes: on a Zen 2 a forward costs 56 ms at 1 row, 122 at 6,
-        164 at 9, and the line through all of them put 9 rows under 145 ms (docs/benchmarks.md 30)."""
+        164 at 9, and the line through all of them put 9 rows under 145 ms (docs/benchmarks.md 30). Each
+        row is counted as a sequence for the rest of the step (`StepCosts.rest_time`): priced by its
+        forward alone, a bound of 80 ms let 16 streams in whose steps took 80 ms at the median and 93 at
+        p99 (docs/benchmarks.md 38)."""
         line = self._forward_line()
         if line is None:
             return self.limit
         rows = 0
-        while rows < self.limit and self.costs.rows.time(rows + 1, rows + 1, line) <= self.seconds + 1e-9:
+        while rows < self.limit and self._step_time(rows + 1, rows + 1, line) <= self.seconds + 1e-9:
             rows += 1
         return max(1, rows)
+
+    def _step_time(self, rows: int, sequences: int, line: tuple[float, float] | None) -> float:
+        """A step's target forward over `rows` (its size's median, else the line) and its rest for `sequences`."""
+        return self.costs.rows.time(rows, rows, line) + self.costs.rest_time(sequences)
 
     def seats(self, max_batch: int) -> int:
         """Sequences that may run at once: no more than `max_batch`, nor than a step's rows (one each)."""
@@ -71,7 +79,7 @@ class StepBound:
 
         def predicted() -> float:
             rows = sum(n + 1 for n in out) + other_rows
-            target = self.costs.rows.time(rows, rows, line)  # its size's median, else the line
+            target = self._step_time(rows, len(out), line)
             drafting = [n for n in out if n]
             if drafted or not drafting:
                 return target

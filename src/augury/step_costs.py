@@ -138,6 +138,9 @@ class StepCosts:
         self.target = ShapeCosts()
         self.rows = ShapeCosts()  # a target forward by its activation rows alone (ragged blocks, prompt pieces)
         self.draft = ShapeCosts()
+        # The rest of a server's step by the sequences it decodes: its time beyond the target forward and
+        # the drafting (verification, sampling, the streams' text, releases), what `StepBound` adds.
+        self.rest = ShapeCosts()
         # The drafter's last catch-ups, (tokens, seconds): what `catch_up_time` prices by.
         self.catch_ups: collections.deque[tuple[int, float]] = collections.deque(maxlen=self.CATCH_UPS_KEPT)
         self.lengths = OutputLengths()  # how long outputs run: what a catch-up is spread over
@@ -159,6 +162,13 @@ class StepCosts:
 
     def rows_time(self, rows: int) -> float:
         return self.rows.time(rows, rows)
+
+    def observe_rest(self, sequences: int, seconds: float) -> None:
+        self.rest.observe(sequences, sequences, max(0.0, seconds))
+
+    def rest_time(self, sequences: int) -> float:
+        """The rest of a step over `sequences` decoding sequences (0 before any was measured)."""
+        return self.rest.time(sequences, sequences)
 
     def observe_draft(self, rows: int, rounds: int, seconds: float) -> None:
         """`rounds` drafting rounds over `rows` sequences each took `seconds` in all."""
