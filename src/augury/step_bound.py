@@ -71,7 +71,8 @@ class StepBound:
     def fit(self, lengths: Sequence[int], fixed: Sequence[bool], other_rows: int, *, drafted: bool) -> list[int]:
         """Draft lengths cut, the longest first, until the step is predicted to take at most `seconds`: its
         target forward by the measured cost of its rows (each draft, the target's own token per sequence,
-        and `other_rows` of prompt pieces), and before drafting (`drafted` False) its drafting rounds at
+        and `other_rows` of prompt pieces) with the rest of a step for its sequences (`StepCosts.rest_time`),
+        and before drafting (`drafted` False) its drafting rounds at
         the measured time of a round. A fixed length (a seeded request sampled by rejection, whose text
         depends on it) is never cut, so the step may still run over."""
         out = list(lengths)
