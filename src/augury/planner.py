@@ -149,8 +149,13 @@ class Planner:
         if measured.rounds and measured.in_step and measured.forwards:  # a round that ran no model is free
             self.costs.observe_draft(measured.rows, measured.rounds, measured.seconds)
 
-    def observe_step(self, report: StepReport, requests: list[Request]) -> None:
-        """What one `step` over `requests` (in the step's order) verified, and what its target forward cost."""
+    def observe_step(self, report: StepReport, requests: list[Request], rest_s: float | None = None) -> None:
+        """What one `step` over `requests` (in the step's order) verified, and what its target forward cost.
+        rest_s: a server's whole step less its forward and its drafting (verifying, sampling, the streams'
+        text, releases), priced by `StepBound` beside the forward (`StepCosts.rest`)."""
+        decoded = sum(1 for result in report.results if result is not None)
+        if rest_s is not None and decoded:
+            self.costs.observe_rest(decoded, rest_s)
         for request, result in zip(requests, report.results):
             if result is None:
                 continue

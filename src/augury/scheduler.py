@@ -382,7 +382,6 @@ class Scheduler:
             self._emit_deltas(ticket, report.deltas[b])
             if ticket.request.done:
                 finished.append((ticket, None))
-        self.planner.observe_step(report, requests)
         self.stats.steps += 1
         self.stats.draft_s += draft_s
         share = report.prompt_rows / max(report.rows, 1)
@@ -399,8 +398,7 @@ class Scheduler:
                 finished.append((ticket, None))
         for ticket, failure in finished:
             self._release(ticket, failure)
-        if decoding:  # what the step took beyond its forward and its drafting, for a bound on the whole step
-            self.planner.costs.observe_rest(len(decoding), time.perf_counter() - t0 - draft_s - report.forward_s)
+        self.planner.observe_step(report, requests, rest_s=time.perf_counter() - t0 - draft_s - report.forward_s)
 
     def _step_budget(self, decode_rows: int) -> int:
         """Prompt tokens (the target's pieces, and a drafter's) a step beside decode_rows rows may feed: the fixed
