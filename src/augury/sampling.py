@@ -301,7 +301,7 @@ def nucleus_boundary(probs: Tensor, top_p: float) -> Tensor:
     A stage runs where it takes at most half the row: a model drafter's head on
     its 32,768 most frequent ids sorted each drafted token's whole row while
     that width skipped every stage, 1.5 ms a sampled drafted token on a 2-core
-    Zen 5, 8% of a target step (docs/benchmarks.md 38).
+    Zen 5, about 7% of a target step (docs/benchmarks.md 38).
     """
     stages = nucleus_stages(probs.shape[-1])
     if not stages:
