@@ -383,37 +383,26 @@ def test_coupled_samples_over_seeds_match_plain_sampling(driver):
 # -- 4. ties at the top-p cut -------------------------------------------------------------------
 
 
-def _probabilities_out_of_place(logits, params):
-    """`sampling.probabilities` for a request without penalties, written plainly: every step a new tensor."""
-    from augury.sampling import nucleus_boundary_reference
-
-    logits = logits.float()
-    logits = (logits - logits.amax(-1, keepdim=True)) / params.temperature
-    if params.top_k:
-        logits = logits.masked_fill(logits < torch.topk(logits, params.top_k, dim=-1).values[..., -1:], float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        probs = probs.masked_fill(probs < nucleus_boundary_reference(probs, params.top_p), 0.0)
-    if params.min_p > 0.0:
-        probs = probs.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), 0.0)
-    return probs / probs.sum(-1, keepdim=True)
-
-
 @pytest.mark.parametrize("vocab", [151_936, 32_768, 50])
-def test_probabilities_are_bitwise_their_out_of_place_reference(vocab):
-    """The sampling distribution has the bits of the same operations written plainly (a new tensor each,
-    the nucleus cut from a full sort), for every truncation, row count and vocabulary width (a target's, a
-    drafter's cut head, a tiny one); the caller's logits are left as they were."""
+def test_probabilities_with_the_nucleus_stages_are_bitwise_those_with_the_full_sort(vocab, monkeypatch):
+    """The sampling distribution is the same bits whether its top-p cut comes from the top-k stages or from
+    sorting every row (`nucleus_stages` returning none), for every truncation, row count and vocabulary
+    width (a target's, a drafter's head cut to 32k ids, a tiny one); the caller's logits are left as they were."""
+    import augury.sampling as sampling
+
     gen = torch.Generator().manual_seed(vocab)
     logits = torch.randn(5, vocab, generator=gen) * torch.tensor([[12.0], [6.0], [3.0], [1.0], [0.1]])
     kept = logits.clone()
-    for params in (SamplingParams(temperature=0.7, top_p=0.95), SamplingParams(temperature=1.0),
-                   SamplingParams(temperature=0.3, top_k=20, top_p=0.9), SamplingParams(temperature=1.3, min_p=0.05),
-                   SamplingParams(temperature=0.7, top_k=7, top_p=0.5, min_p=0.1)):
-        for rows in (logits, logits[2:3], logits.to(torch.bfloat16)):
-            got = probabilities(rows, params)
-            assert torch.equal(got, _probabilities_out_of_place(rows, params)), f"{params}, {rows.shape[0]} rows"
-        assert torch.equal(logits, kept), f"{params} changed the caller's logits"
+    cases = [(params, rows) for params in (
+        SamplingParams(temperature=0.7, top_p=0.95), SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.3, top_k=20, top_p=0.9), SamplingParams(temperature=1.3, min_p=0.05),
+        SamplingParams(temperature=0.7, top_k=7, top_p=0.5, min_p=0.1),
+    ) for rows in (logits, logits[2:3], logits.to(torch.bfloat16))]
+    staged = [probabilities(rows, params) for params, rows in cases]
+    assert torch.equal(logits, kept), "the caller's logits changed"
+    monkeypatch.setattr(sampling, "nucleus_stages", lambda width: ())
+    for (params, rows), got in zip(cases, staged):
+        assert torch.equal(got, probabilities(rows, params)), f"{params}, {rows.shape[0]} rows of {vocab}"
 
 
 def test_top_p_keeps_every_token_tied_at_the_cut():

@@ -153,8 +153,7 @@ class Planner:
         """What one `step` over `requests` (in the step's order) verified, and what its target forward cost.
         rest_s: a server's whole step less its forward and its drafting (verifying, sampling, the streams'
         text, releases), priced by `StepBound` beside the forward (`StepCosts.rest`)."""
-        decoded = sum(1 for result in report.results if result is not None)
-        if rest_s is not None and decoded:
+        if rest_s is not None and (decoded := sum(1 for result in report.results if result is not None)):
             self.costs.observe_rest(decoded, rest_s)
         for request, result in zip(requests, report.results):
             if result is None:

@@ -41,8 +41,8 @@ class StepBound:
         few times, else by the line through all sizes: on a Zen 2 a forward costs 56 ms at 1 row, 122 at 6,
         164 at 9, and the line through all of them put 9 rows under 145 ms (docs/benchmarks.md 30). Each
         row is counted as a sequence for the rest of the step (`StepCosts.rest_time`): priced by its
-        forward alone, a bound of 80 ms let 16 streams in whose steps took 80 ms at the median and 93 at
-        p99 (docs/benchmarks.md 38)."""
+        forward alone, a bound of 80 ms let 16 streams in whose time per token was 80 ms at the median
+        and 91-93 at p99 (docs/benchmarks.md 38d)."""
         line = self._forward_line()
         if line is None:
             return self.limit
