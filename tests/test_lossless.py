@@ -87,6 +87,41 @@ def test_the_quantized_cases_are_int4_and_int8(greedy_target):
     assert formats == {"quantized": {"Int4Weight"}, "quantized-int8": {"Int8Weight"}}, formats
 
 
+def test_greedy_rows_commit_the_token_of_their_one_hot_without_building_it(greedy_target, monkeypatch):
+    """A greedy request's rows are verified and committed by their argmax alone (`sampling.greedy_tokens`):
+    the token the one-hot of `probabilities` puts its mass on, after penalties and min_tokens, ties
+    included, and the step builds no probability rows for them (on 152k ids the one-hot cost about twice
+    the argmax)."""
+    from augury import step as step_module
+    from augury.sampling import greedy_tokens
+
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(4)).bfloat16()
+    logits[2, 7] = logits[2, 30] = logits[2].max() + 1  # a tie: the first of the two, as argmax picks
+    shaping = [GREEDY_PARAMS["greedy-penalties"], SamplingParams(max_tokens=9, min_tokens=8, eos_ids=frozenset({int(logits[0].argmax())}))]
+    for params in [GREEDY_PARAMS["greedy"], *shaping]:
+        one_hot = probabilities(logits, params, [1, 2, 3], [3, 3], [5, 3, 3, 9, 2])
+        chosen = greedy_tokens(logits, params, [1, 2, 3], [3, 3], [5, 3, 3, 9, 2])
+        assert torch.equal(one_hot.argmax(-1), chosen) and bool((one_hot[torch.arange(6), chosen] == 1).all())
+    assert int(greedy_tokens(logits, GREEDY_PARAMS["greedy"])[2]) == 7
+    raw = logits.float().argmax(-1)
+    assert any(not torch.equal(greedy_tokens(logits, p, [1, 2, 3], [3, 3], [5, 3, 3, 9, 2]), raw) for p in shaping), (
+        "no shaping moved an argmax: the test cannot tell shaped logits from raw ones")
+
+    target = [4, 8, 15, 16, 23]
+    for agree in range(5):
+        drafted = target[:agree] + [99] * (4 - agree)
+        result = verify.verify_greedy(drafted, target)
+        assert (result.num_accepted, result.tokens) == (agree, target[: agree + 1]), (agree, result)
+
+    def no_rows(*args, **kwargs):
+        raise AssertionError("a greedy step built probability rows")
+
+    monkeypatch.setattr(step_module, "probabilities", no_rows)
+    case = next(c for c in PROPOSER_CASES if c.name == "ngram")
+    for name, params in GREEDY_PARAMS.items():
+        check_greedy_equivalence(greedy_target, make_proposer(case, greedy_target), params, 4, f"ngram {name}")
+
+
 class NeverDrafts(ProposerBase):
     name = "never"
 

@@ -214,6 +214,23 @@ def shaped_logits(
     return hold_back_eos(logits, params, position)
 
 
+def greedy_tokens(
+    logits: Tensor,
+    params: SamplingParams,
+    prompt: list[int] | None = None,
+    output: list[int] | None = None,
+    drafted: list[int] | None = None,
+) -> Tensor:
+    """A greedy request's token per row: the first largest of its shaped logits. logits: [N, V] -> [N] (int64).
+
+    Rows as in `probabilities`, whose greedy one-hot puts its mass here. Verifying
+    and committing a greedy row needs the token alone; the one-hot around it (a
+    zeroed 152k-id row, then a second argmax to read it back) doubled what the
+    step spent there (docs/benchmarks.md 39).
+    """
+    return shaped_logits(logits, params, prompt, output, drafted).argmax(-1)
+
+
 def probabilities(
     logits: Tensor,
     params: SamplingParams,
@@ -223,8 +240,9 @@ def probabilities(
 ) -> Tensor:
     """The distribution to sample from, per row. logits: [N, V] -> probs [N, V] (fp32).
 
-    Greedy (`is_greedy`: temperature 0 or nearly) gives a one-hot at the argmax, so verification can
-    treat greedy and sampled decoding with one rule. The rows are the last N
+    Greedy (`is_greedy`: temperature 0 or nearly) gives a one-hot at `greedy_tokens`' argmax, so a
+    caller that needs a distribution treats greedy and sampled decoding with one rule (the step
+    verifies and commits greedy rows by `greedy_tokens` alone). The rows are the last N
     positions of output + drafted + one: the target's K + 1 rows after K
     drafted tokens, or a drafter's one row after the tokens it drafted so far.
 
@@ -235,10 +253,11 @@ def probabilities(
     order a sort happens to leave equal values in: the same for any row count
     and any vocabulary size (a token of equal probability, wherever it sits).
     """
-    logits = shaped_logits(logits, params, prompt, output, drafted)
     if params.greedy:
         # written into zeros: one_hot builds int64 rows and converts them, 10x the time on 152k tokens
-        return torch.zeros(logits.shape, device=logits.device).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        choice = greedy_tokens(logits, params, prompt, output, drafted)
+        return torch.zeros(logits.shape, device=logits.device).scatter_(-1, choice[:, None], 1.0)
+    logits = shaped_logits(logits, params, prompt, output, drafted)
     temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)  # below: 0 in fp32, and 0 / 0 is NaN
     logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     if params.top_k and params.top_k < logits.shape[-1]:

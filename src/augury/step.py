@@ -32,8 +32,8 @@ from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers.base import Draft, Proposer, propose_batch, start_batch, start_offset
 from augury.request import Request
-from augury.sampling import draw, probabilities
-from augury.verify import VerifyResult, verify_chain, verify_coupled
+from augury.sampling import draw, greedy_tokens, probabilities
+from augury.verify import VerifyResult, verify_chain, verify_coupled, verify_greedy
 
 MAX_K = 32
 
@@ -91,9 +91,11 @@ def prefill(target: Model, request: Request, cache: KVCache, cached: int = 0) ->
 
 def _first_token(request: Request, last: Tensor) -> list[str]:
     """Commit the token drawn from the prompt's last row (logits [1, V]); returns text deltas."""
-    seq = request.seq
-    probs = probabilities(last, request.params, seq.prompt, seq.output)
-    token = draw(probs[0], seq, position=0)
+    seq, params = request.seq, request.params
+    if params.greedy:
+        token = int(greedy_tokens(last, params, seq.prompt, seq.output)[0])
+    else:
+        token = draw(probabilities(last, params, seq.prompt, seq.output)[0], seq, position=0)
     return request.commit([token], last)
 
 
@@ -316,15 +318,16 @@ def _prompt_piece(request: Request, fed: int, logits: Tensor, states: Tensor | N
 
 def _verify_and_commit(request: Request, logits: Tensor) -> tuple[VerifyResult, list[str]]:
     """Verify a request's draft against the target's logits [K + 1, V] and commit the result."""
-    draft_ = request.draft
-    seq = request.seq
-    p_target = probabilities(logits, request.params, seq.prompt, seq.output, draft_.tokens)
-    if request.params.coupled:
-        result = verify_coupled(draft_.tokens, p_target, request.params.seed, len(seq.output))
+    draft_, seq, params = request.draft, request.seq, request.params
+    if params.greedy:  # the target's choices alone: no one-hot rows to build and read back
+        chosen = greedy_tokens(logits, params, seq.prompt, seq.output, draft_.tokens).tolist()
+        result = verify_greedy(draft_.tokens, chosen)
     else:
-        result = verify_chain(
-            draft_.tokens, draft_.q_draft, p_target, greedy=request.params.greedy, generator=seq.generator
-        )
+        p_target = probabilities(logits, params, seq.prompt, seq.output, draft_.tokens)
+        if params.coupled:
+            result = verify_coupled(draft_.tokens, p_target, params.seed, len(seq.output))
+        else:
+            result = verify_chain(draft_.tokens, draft_.q_draft, p_target, greedy=False, generator=seq.generator)
     request.stats.record_step(len(draft_.tokens), result.num_accepted)
     request.draft = Draft([])
     return result, request.commit(result.tokens, logits)

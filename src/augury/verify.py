@@ -14,7 +14,8 @@ makes every committed token distributed exactly as p_target, whatever the draft
 prompt lookup, another tokenizer's text, greedy drafting) is a point mass on x,
 so x is accepted with probability p_target(x) and the recovered distribution is
 p_target with x removed. Greedy decoding is the special case where p_target is
-one-hot; it is handled by comparing argmaxes, without drawing random numbers.
+one-hot; it is handled by comparing argmaxes, without drawing random numbers
+(`verify_greedy`, on the target's greedy tokens alone).
 
 Coupled (seeded) sampling makes a seeded request's text independent of the
 drafter and of K, which rejection sampling cannot: there, how many random
@@ -131,6 +132,17 @@ class TorchRandom:
         return int(sample(probs[None], self.generator)[0])
 
 
+def verify_greedy(draft_tokens: list[int], target_tokens: list[int]) -> VerifyResult:
+    """Greedy verification: the drafted tokens up to the first that is not the target's choice there, then the
+    target's own token (recovered at a mismatch, the bonus after a wholly accepted draft).
+    target_tokens: the target's greedy choice at each drafted position and the one after (K + 1 ids)."""
+    k = len(draft_tokens)
+    accepted = 0
+    while accepted < k and draft_tokens[accepted] == target_tokens[accepted]:
+        accepted += 1
+    return VerifyResult(k, accepted, draft_tokens[:accepted] + [target_tokens[accepted]])
+
+
 def verify_chain(
     draft_tokens: list[int],
     q_draft: Tensor | None,
@@ -151,11 +163,7 @@ def verify_chain(
     """
     k = len(draft_tokens)
     if greedy:
-        best = p_target.argmax(-1).tolist()
-        accepted = 0
-        while accepted < k and draft_tokens[accepted] == best[accepted]:
-            accepted += 1
-        return VerifyResult(k, accepted, draft_tokens[:accepted] + [best[accepted]])
+        return verify_greedy(draft_tokens, p_target.argmax(-1).tolist())
     source = TorchRandom(generator) if source is None else source
     uniforms = source.uniforms(k)
     for i, token in enumerate(draft_tokens):

@@ -56,7 +56,7 @@ from augury.models.loader import Model
 from augury.prefix_cache import PrefixCache
 from augury.proposers.base import Draft, ProposerBase, Sequence
 from augury.proposers.guess_plan import GuessPlan
-from augury.sampling import draw, probabilities, sample
+from augury.sampling import draw, greedy_tokens, probabilities, sample
 from augury.verify import VerifyResult
 
 # guesser(seq, drafted, n): up to n tokens guessed to follow seq.tokens + drafted (`propose_batch`)
@@ -326,11 +326,12 @@ class DraftModelProposer(ProposerBase):
     def _pick(self, seq: Sequence, logits: torch.Tensor, tokens: list[int], q_rows: list[torch.Tensor]) -> bool:
         """Choose the next drafted token from the drafter's logits [V]; False if the drafter doubts it."""
         params = seq.params
-        q_row = probabilities(logits[None], params, seq.prompt, seq.output, tokens)[0]
         if params.greedy:
-            token = int(q_row.argmax())
-            confidence = float(torch.softmax(logits, -1)[token]) if self.confidence else 1.0
-        elif params.coupled:
+            token = int(greedy_tokens(logits[None], params, seq.prompt, seq.output, tokens)[0])
+            tokens.append(token)
+            return not self.confidence or float(torch.softmax(logits, -1)[token]) >= self.confidence
+        q_row = probabilities(logits[None], params, seq.prompt, seq.output, tokens)[0]
+        if params.coupled:
             # The target's noise at this output position, over the target's vocabulary: the
             # draft is the token the target itself would pick if its distribution were q_draft.
             full = torch.nn.functional.pad(q_row, (0, max(0, self.target_vocab_size - q_row.shape[-1])))
