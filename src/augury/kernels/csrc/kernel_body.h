@@ -166,6 +166,16 @@ template <int KIND>
 static inline I dots(I acc, const ops::W<KIND == Q8_0>& wq, int g0, int n, const int8_t* x) {
   if constexpr (ops::kSums16) {
     return ops::dots16<max_quant(KIND)>(acc, wq, g0, n, x);
+  } else if constexpr (ops::kProductChains == 2) {
+    // Two chains of products, added at the end: the sums are exact integers, so their order changes
+    // no bit, and a row's products do not wait one on another (AVX-512, one chain of 8 vpdpbusd a
+    // Q4_K sub-block: 8 and 16 rows at 5.1-5.2 cycles a row in L2; two: 4.3-4.4, docs/benchmarks.md 39).
+    I other = ops::zero_i();
+    for (int g = g0; g < g0 + n; g += 2) {
+      acc = ops::dot(acc, wq, g, x + 4 * (g - g0));
+      if (g + 1 < g0 + n) other = ops::dot(other, wq, g + 1, x + 4 * (g + 1 - g0));
+    }
+    return ops::add_i(acc, other);
   } else {
     for (int g = g0; g < g0 + n; ++g) acc = ops::dot(acc, wq, g, x + 4 * (g - g0));
     return acc;

@@ -76,6 +76,9 @@ template <bool Q8> inline I dot(I acc, const W<Q8>& w, int g, const int8_t* x) {
 // quants, 4 for 5-bit, 2 for 6-bit, 1 for Q8_0) before one madd widens them: the same exact
 // integers as widening each, with about a third of the instructions.
 constexpr bool kSums16 = true;
+// One chain of products a row (kernel_body.h's dots; AVX-VNNI inherits it): with 16 registers a second
+// accumulator cost AVX-VNNI 8 rows 10.5 -> 11.7 cycles a row and sub-block (docs/benchmarks.md 39).
+constexpr int kProductChains = 1;
 //
 // The empty asm statements pin the sums' order: without them GCC re-associates the (exact, so
 // reorderable) 16-bit adds into trees that keep every product live at once, spilling the quants to

@@ -41,6 +41,8 @@ template <bool Q8> inline I dot(I acc, const W<Q8>& w, int g, const int8_t* x) {
 }
 
 constexpr bool kSums16 = false;  // vpdpbusd widens to 32 bits itself
+// A row's products in two independent chains (32 registers hold the second): see kernel_body.h's dots.
+constexpr int kProductChains = 2;
 template <int MAXQ, bool Q8> I dots16(I, const W<Q8>&, int, int, const int8_t*);
 
 inline F zero_f() { return {_mm512_setzero_ps()}; }

@@ -69,6 +69,7 @@ template <bool Q8> inline I dot(I acc, const W<Q8>& w, int g, const int8_t* x) {
 }
 
 constexpr bool kSums16 = false;  // SDOT widens to 32 bits itself
+constexpr int kProductChains = 1;  // not measured on a NEON core (kernel_body.h's dots)
 template <int MAXQ, bool Q8> I dots16(I, const W<Q8>&, int, int, const int8_t*);
 
 inline F zero_f() { const float32x4_t z = vdupq_n_f32(0.0f); return {{z, z, z, z}}; }

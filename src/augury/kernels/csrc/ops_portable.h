@@ -74,6 +74,7 @@ template <bool Q8> inline I dot(I acc, const W<Q8>& w, int g, const int8_t* x) {
 }
 
 constexpr bool kSums16 = false;
+constexpr int kProductChains = 1;  // kernel_body.h's dots
 template <int MAXQ, bool Q8> I dots16(I, const W<Q8>&, int, int, const int8_t*);
 
 inline F zero_f() { F r; for (float& f : r.v) f = 0.0f; return r; }
