@@ -1,10 +1,12 @@
-"""16 greedy requests through the scheduler in-process (no HTTP): each step's wall, forward and rows."""
+"""16 requests through the scheduler in-process (no HTTP): each step's wall, forward and rows, and a cProfile
+of the 16-row steps. Greedy; `sched16.py t07`: temperature 0.7, top-p 0.95, seed 1."""
 import sys, time, statistics, threading
 import augury
-import augury.scheduler as sch
 from augury.scheduler import Scheduler, SchedulerConfig
 from augury.sampling import SamplingParams
 import augury.scheduler as S
+SAMPLED = dict(temperature=0.7, top_p=0.95, seed=1) if sys.argv[1:] == ["t07"] else {}
+PARAMS = SamplingParams(max_tokens=96, ignore_eos=True, **SAMPLED)
 llm = augury.load("qwen2.5-coder-1.5b-instruct", draft_method="plain", offline=True)
 rec = []
 orig_step = S.step
@@ -32,7 +34,7 @@ def on_event(ev):
             left[0] -= 1
             if left[0] == 0: done.set()
 for p in prompts:
-    sc.submit(llm.encode(p, chat=True), SamplingParams(max_tokens=96, ignore_eos=True), on_event)
+    sc.submit(llm.encode(p, chat=True), PARAMS, on_event)
 done.wait(300); sc.stop()
 pairs = []
 fw = [r for r in rec if r[0] == "fwd"]; al = [r for r in rec if r[0] == "all"]
