@@ -338,3 +338,38 @@ def test_a_burst_of_requests_starts_its_drafters_in_few_forwards():
     params = SamplingParams(max_tokens=8)
     proposer.start_batch([Sequence([1] * n, params) for n in (9, 8, 7, 3, 3)])
     assert proposer.forwards == 2
+
+
+def test_sampled_requests_with_the_same_controls_share_one_distribution_call_bit_for_bit(target, monkeypatch):
+    """The step computes p_target for the rows of every sampled request with the same temperature and
+    truncation in one call (a call per request cost a 16-row sampled server step about 12 ms), and each
+    request's rows get the bits its own `probabilities` call gives, penalties and draft history included."""
+    import augury.step as step_module
+    from augury.sampling import probabilities
+
+    sampled = dict(temperature=0.8, top_p=0.9, max_tokens=12)
+    jobs = [([1, 2, 3, 4], SamplingParams(seed=1, **sampled)), ([5, 6, 7], SamplingParams(seed=2, **sampled)),
+            ([2, 2, 9, 9], SamplingParams(seed=3, repetition_penalty=1.4, frequency_penalty=0.5, **sampled)),
+            ([4, 3, 2], SamplingParams(seed=4, temperature=1.2, top_k=5, max_tokens=12)),
+            ([8, 1, 8], SamplingParams(max_tokens=12))]
+    calls: list[int] = []
+    real_distribution, real_verify = step_module.distribution, step_module._verify_and_commit
+    checked = []
+
+    def counting(logits, params):
+        calls.append(logits.shape[0])
+        return real_distribution(logits, params)
+
+    def verify(request, logits, p_target=None):
+        if not request.params.greedy:
+            alone = probabilities(logits, request.params, request.seq.prompt, request.seq.output, request.draft.tokens)
+            assert p_target is not None and torch.equal(p_target, alone), "a batched p_target differs from its own"
+            checked.append(request.seq.id)
+        return real_verify(request, logits, p_target)
+
+    monkeypatch.setattr(step_module, "distribution", counting)
+    monkeypatch.setattr(step_module, "_verify_and_commit", verify)
+    run_scheduler(Scheduler(target, Listening(), SchedulerConfig(max_batch=5, k=1, adaptive_k=False)), jobs)
+    assert len(set(checked)) == 4, f"sampled requests checked: {sorted(set(checked))}"
+    # k = 1: one request's rows are at most 2, so a call of 3 or more holds several requests' rows.
+    assert max(calls) >= 3, f"no call held several requests' rows: {calls}"

@@ -32,7 +32,7 @@ from augury.errors import AuguryError
 from augury.models.loader import Model
 from augury.proposers.base import Draft, Proposer, propose_batch, start_batch, start_offset
 from augury.request import Request
-from augury.sampling import draw, greedy_tokens, probabilities
+from augury.sampling import distribution, draw, greedy_tokens, probabilities, shaped_logits
 from augury.verify import VerifyResult, verify_chain, verify_coupled, verify_greedy
 
 MAX_K = 32
@@ -262,6 +262,7 @@ def step(target: Model, requests: list[Request], cache: KVCache) -> StepReport:
     deltas: list[list[str]] = []
     failures: dict[int, Exception] = {}
     added: list[int] = []
+    p_targets = _sampled_distributions(requests, per_seq)
     for b, request in enumerate(requests):
         before = len(request.seq.tokens)
         try:
@@ -269,7 +270,7 @@ def step(target: Model, requests: list[Request], cache: KVCache) -> StepReport:
                 piece_states = hidden[b] if hidden is not None else None
                 result, text = None, _prompt_piece(request, len(blocks[b]), per_seq[b], piece_states)
             else:
-                result, text = _verify_and_commit(request, per_seq[b])
+                result, text = _verify_and_commit(request, per_seq[b], p_targets.get(b))
         except Exception as exc:  # reported per request; the others go on
             failures[b] = exc
             result, text = None, []
@@ -316,14 +317,40 @@ def _prompt_piece(request: Request, fed: int, logits: Tensor, states: Tensor | N
     return deltas
 
 
-def _verify_and_commit(request: Request, logits: Tensor) -> tuple[VerifyResult, list[str]]:
-    """Verify a request's draft against the target's logits [K + 1, V] and commit the result."""
+def _sampled_distributions(requests: list[Request], per_seq: list[Tensor]) -> dict[int, Tensor]:
+    """p_target [K + 1, V] of each sampled decoding request's rows, by its index: one `distribution` call for
+    all the rows of requests with the same sampling controls (the same bits as a call per request: rows are
+    independent). A request whose rows fail here is left out, to fail alone in `_verify_and_commit`."""
+    groups: dict[tuple, list[tuple[int, Tensor]]] = {}
+    for b, request in enumerate(requests):
+        params = request.params
+        if request.prefilling or params.greedy:
+            continue
+        try:
+            shaped = shaped_logits(per_seq[b], params, request.seq.prompt, request.seq.output, request.draft.tokens)
+        except Exception:  # noqa: BLE001 - reported for this request by _verify_and_commit
+            continue
+        groups.setdefault((params.temperature, params.top_k, params.top_p, params.min_p), []).append((b, shaped))
+    out: dict[int, Tensor] = {}
+    for members in groups.values():
+        try:
+            probs = distribution(torch.cat([rows for _, rows in members]), requests[members[0][0]].params)
+        except Exception:  # noqa: BLE001 - each request then computes its own and fails alone
+            continue
+        out.update(zip((b for b, _ in members), probs.split([rows.shape[0] for _, rows in members])))
+    return out
+
+
+def _verify_and_commit(request: Request, logits: Tensor, p_target: Tensor | None = None) -> tuple[VerifyResult, list[str]]:
+    """Verify a request's draft against the target's logits [K + 1, V] and commit the result; p_target, the
+    rows' distribution where the step computed it with other requests' (`_sampled_distributions`)."""
     draft_, seq, params = request.draft, request.seq, request.params
     if params.greedy:  # the target's choices alone: no one-hot rows to build and read back
         chosen = greedy_tokens(logits, params, seq.prompt, seq.output, draft_.tokens).tolist()
         result = verify_greedy(draft_.tokens, chosen)
     else:
-        p_target = probabilities(logits, params, seq.prompt, seq.output, draft_.tokens)
+        if p_target is None:
+            p_target = probabilities(logits, params, seq.prompt, seq.output, draft_.tokens)
         if params.coupled:
             result = verify_coupled(draft_.tokens, p_target, params.seed, len(seq.output))
         else:
