@@ -88,6 +88,12 @@ class SamplingParams:
         return "greedy" if self.greedy else "coupled" if self.coupled else "rejection"
 
     @property
+    def distribution_controls(self) -> tuple[float, int, float, float]:
+        """All that `distribution` reads of a request (temperature, top-k, top-p, min-p): the step computes
+        the rows of requests equal in these in one call."""
+        return self.temperature, self.top_k, self.top_p, self.min_p
+
+    @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
@@ -265,9 +271,10 @@ def distribution(logits: Tensor, params: SamplingParams) -> Tensor:
     and min-p of a sampled request, as `probabilities` describes.
 
     Row by row: a row's bits do not depend on the rows beside it, so the step
-    hands the rows of every request with the same controls to one call (16
-    calls of a 16-row sampled server step spent about 12 ms in this function's
-    small operations, docs/benchmarks.md 40c).
+    hands the rows of every request with the same controls
+    (`SamplingParams.distribution_controls`) to one call: 16 calls of a 16-row
+    sampled server step spent about 12 ms in this function's small operations
+    (docs/benchmarks.md 40c, 40e).
     """
     temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)  # below: 0 in fp32, and 0 / 0 is NaN
     logits = (logits - logits.amax(-1, keepdim=True)) / temperature

@@ -330,7 +330,7 @@ def _sampled_distributions(requests: list[Request], per_seq: list[Tensor]) -> di
             shaped = shaped_logits(per_seq[b], params, request.seq.prompt, request.seq.output, request.draft.tokens)
         except Exception:  # noqa: BLE001 - reported for this request by _verify_and_commit
             continue
-        groups.setdefault((params.temperature, params.top_k, params.top_p, params.min_p), []).append((b, shaped))
+        groups.setdefault(params.distribution_controls, []).append((b, shaped))
     out: dict[int, Tensor] = {}
     for members in groups.values():
         try:
