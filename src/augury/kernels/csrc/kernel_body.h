@@ -247,7 +247,9 @@ static void tile_rows(const uint8_t* tile, int64_t groups, const Rows& a, int64_
 
 // The same for exactly NR rows with their accumulators in registers for the whole tile (the
 // same operations in the same order, so the same bits): a row then costs its products and
-// scaling, not also a load and a store of its 16 sums per sub-block.
+// scaling, not also a load and a store of its 16 sums per sub-block. The rows' loop is unrolled
+// by request: left to itself GCC 12 kept Q6_K's, Q5_0's and Q8_0's 8 sums in memory (a load
+// and a store a row and sub-block), which cost Q6_K 8 and 16 rows about 10% (docs/benchmarks.md 41).
 template <int KIND, int NR>
 static void tile_rows_held(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, float* acc_out) {
   const int32_t* off = row_offsets<KIND>(a);
@@ -255,6 +257,7 @@ static void tile_rows_held(const uint8_t* tile, int64_t groups, const Rows& a, i
   F acc[NR];
   for (int r = 0; r < NR; ++r) acc[r] = ops::load_f(acc_out + 16 * r);
   each_sub_block<KIND, (NR > 1)>(tile, groups, [&](const auto& wq, const SubScales& sc, int64_t kb) {
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) acc[r] = row_step<KIND>(wq, sc, a, off, has_off, r0 + r, kb, acc[r]);
   });
   for (int r = 0; r < NR; ++r) ops::store_f(acc_out + 16 * r, acc[r]);
