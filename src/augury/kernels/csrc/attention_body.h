@@ -50,9 +50,11 @@ inline vw fold_parts(vw* acc) {
 inline float parts_total(vw* acc) { return lane_tree<kW / 2>(fold_parts(acc))[0]; }
 
 // Keys whose values are widened to fp32 at a time (kKeyBlock * head_dim floats, L1-resident), and
-// the native vectors of one head's output held in registers over them.
+// the native vectors of one head's output held in registers over them: each is a chain of additions
+// over the keys, so enough of them run side by side to keep the adders busy (8 on AVX-512, a whole
+// 128-wide head, where 4 left the loop waiting on its additions; docs/benchmarks.md 41).
 constexpr int64_t kKeyBlock = 32;
-constexpr int kHeld = 64 / kW;
+constexpr int kHeld = 64 / kW > 8 ? 64 / kW : 8;
 
 // out[C native vectors] += sum over the block's keys j, in order, of p[j] * v[j] (v: row stride D).
 template <int C>
@@ -106,14 +108,26 @@ inline float key_score(const float* q, const float* k, int64_t D, float scale) {
   return parts_total(acc) * scale;
 }
 
+// Keys whose products block_scores sums side by side (kParts native vectors each, 8 in all).
+constexpr int kScoreKeys = kW < 8 / kParts ? kW : 8 / kParts;
+
 // The same for kW keys at once (k: kW widened keys, row stride D): out[t] = q . k_t * scale, each
-// sum's products and additions as key_score's, the lane trees folded together.
+// sum's products and additions as key_score's, the lane trees folded together. One key's sum is a
+// chain of D / kLanes additions; kScoreKeys keys' chains are interleaved so that the adders do not
+// wait on one (on AVX-512 a key a time left the loop at its additions' latency; docs/benchmarks.md 41).
 inline void block_scores(const float* q, const float* k, int64_t D, float scale, float* out) {
   vw sums[kW];
-  for (int t = 0; t < kW; ++t) {
-    vw acc[kParts];
-    key_products(q, k + t * D, D, acc);
-    sums[t] = fold_parts(acc);
+  for (int t0 = 0; t0 < kW; t0 += kScoreKeys) {
+    const float* kt = k + t0 * D;
+    vw acc[kScoreKeys][kParts];
+    for (int t = 0; t < kScoreKeys; ++t)
+      for (int p = 0; p < kParts; ++p) acc[t][p] = loadw(q + kW * p) * loadw(kt + t * D + kW * p);
+    for (int64_t i = kParts; i < D / kW; i += kParts)
+      for (int p = 0; p < kParts; ++p) {
+        const vw qp = loadw(q + kW * (i + p));
+        for (int t = 0; t < kScoreKeys; ++t) acc[t][p] += qp * loadw(kt + t * D + kW * (i + p));
+      }
+    for (int t = 0; t < kScoreKeys; ++t) sums[t0 + t] = fold_parts(acc[t]);
   }
   storew(out, fold_sums<kW / 2>(sums, kW) * splatw(scale));
 }
@@ -143,7 +157,8 @@ void attend_rows(const LayerDesc& L, const LayerIO& io, int64_t r0, int64_t nr, 
   const T* values = static_cast<const T*>(c.v) + kvh * c.stride_head;
   auto widen = [&](const T* base, int64_t slot, float* to) {
     const T* from = base + slot * c.stride_slot;
-    for (int64_t i = 0; i < parts; ++i) storew(to + kW * i, loadw(from + kW * i));
+    if constexpr (std::is_same_v<T, uint16_t>) ops::widen_bf16(from, to, D);  // one widening load a vector
+    else for (int64_t i = 0; i < parts; ++i) storew(to + kW * i, loadw(from + kW * i));
   };
   // Row i's key count and scores' offset, and the slots [lo, hi) the rows' ranges span.
   int64_t n[kMaxPiece], off[kMaxPiece + 1], lo = INT64_MAX, hi = INT64_MIN;
@@ -222,6 +237,7 @@ void attend_rows(const LayerDesc& L, const LayerIO& io, int64_t r0, int64_t nr, 
       float* og = attn + (r0 + i) * n_q + (kvh * group + g) * D;
       int64_t k = 0;
       for (; k + kHeld <= parts; k += kHeld) weigh_values<kHeld>(p, v + kW * k, nj, D, og + kW * k);
+      for (; k + kHeld / 2 <= parts; k += kHeld / 2) weigh_values<kHeld / 2>(p, v + kW * k, nj, D, og + kW * k);
       for (; k < parts; ++k) weigh_values<1>(p, v + kW * k, nj, D, og + kW * k);
     }
   };

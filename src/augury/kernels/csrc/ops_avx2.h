@@ -159,6 +159,13 @@ inline int32_t hsum_i(__m256i v) {
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
   return _mm_cvtsi128_si32(s);
 }
+// to[0..n) = the bf16 values from[0..n) as fp32 (n a multiple of 8): the attention's keys and values.
+inline void widen_bf16(const uint16_t* from, float* to, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + i), _mm256_slli_epi32(h, 16));
+  }
+}
 inline float amax32(const float* x) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 m = _mm256_andnot_ps(sign, _mm256_loadu_ps(x));

@@ -75,6 +75,14 @@ inline __m256i bf16_bits(F v) {
 }
 inline void store_bf16(uint16_t* p, F v, int64_t n) { _mm256_mask_storeu_epi16(p, first(n), bf16_bits(v)); }
 
+// to[0..n) = the bf16 values from[0..n) as fp32 (n a multiple of 16): the attention's keys and values.
+inline void widen_bf16(const uint16_t* from, float* to, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + i)));
+    _mm512_storeu_si512(to + i, _mm512_slli_epi32(h, 16));
+  }
+}
+
 inline float amax32(const float* x) {
   const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x)), b = _mm512_abs_ps(_mm512_loadu_ps(x + 16));
   return _mm512_reduce_max_ps(_mm512_max_ps(a, b));

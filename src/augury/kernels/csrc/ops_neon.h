@@ -121,6 +121,11 @@ inline void store_bf16(uint16_t* p, F v, int64_t n) {
   for (int64_t i = 0; i < std::min<int64_t>(n, 16); ++i) p[i] = bf16_bits(t[i]);
 }
 
+// to[0..n) = the bf16 values from[0..n) as fp32 (n a multiple of 4): the attention's keys and values.
+inline void widen_bf16(const uint16_t* from, float* to, int64_t n) {
+  for (int64_t i = 0; i < n; i += 4) vst1q_f32(to + i, vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(from + i), 16)));
+}
+
 inline float amax32(const float* x) {
   float32x4_t m = vabsq_f32(vld1q_f32(x));
   for (int i = 4; i < 32; i += 4) m = vmaxq_f32(m, vabsq_f32(vld1q_f32(x + i)));

@@ -130,6 +130,14 @@ inline void store_bf16(uint16_t* p, F v, int64_t n) {
   for (int64_t i = 0; i < std::min<int64_t>(n, 16); ++i) p[i] = bf16_bits(v.v[i]);
 }
 
+// to[0..n) = the bf16 values from[0..n) as fp32: the attention's keys and values.
+inline void widen_bf16(const uint16_t* from, float* to, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(from[i]) << 16;
+    std::memcpy(to + i, &bits, 4);
+  }
+}
+
 inline float amax32(const float* x) {
   float m = 0.0f;
   for (int i = 0; i < 32; ++i) m = std::max(m, std::fabs(x[i]));
