@@ -60,8 +60,9 @@ RAGGED_ROWS_ONE_BY_ONE = 8  # up to this many rows of different lengths, `KVCach
 class KVCache:
     """Keys and values for a batch of sequences with their own lengths.
 
-    keys[layer], values[layer]: [B, H_kv, max_len, D]. `lengths[b]` is the
-    number of valid slots of sequence b; slots at or beyond it are garbage.
+    keys[layer], values[layer]: [B, H_kv, max_len, D], views of all_keys and
+    all_values [layers, B, H_kv, max_len, D]. `lengths[b]` is the number of
+    valid slots of sequence b; slots at or beyond it are garbage.
     """
 
     def __init__(
@@ -75,14 +76,21 @@ class KVCache:
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str = "cpu",
     ) -> None:
-        shape = (batch_size, num_kv_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # One tensor a kind for every layer, [layers, B, H_kv, max_len, D], and each layer's view of it:
+        # moving or filling a sequence's rows is then one copy for all layers, not one a layer (a
+        # scheduler admitting a prompt from the prefix cache paid 2 x 28 copies, docs/benchmarks.md 41).
+        shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
+        self._set_storage(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
         self.max_len = max_len
         # One length list per pool; a view of rows (see `rows`) reads and
         # writes its slice of it, so a pool's lengths are always current.
         self._all_lengths: list[int] = [0] * batch_size
         self._span = (0, batch_size)
+
+    def _set_storage(self, all_keys: Tensor, all_values: Tensor) -> None:
+        """all_keys, all_values: [layers, B, H_kv, max_len, D]; keys[layer] and values[layer] are views of them."""
+        self.all_keys, self.all_values = all_keys, all_values
+        self.keys, self.values = list(all_keys.unbind(0)), list(all_values.unbind(0))
 
     @property
     def lengths(self) -> list[int]:
@@ -168,8 +176,7 @@ class KVCache:
         if not 0 <= start <= stop <= self.batch_size:
             raise ValueError(f"rows {start}..{stop} outside a cache of {self.batch_size} sequences")
         view = object.__new__(KVCache)
-        view.keys = [k[start:stop] for k in self.keys]
-        view.values = [v[start:stop] for v in self.values]
+        view._set_storage(self.all_keys[:, start:stop], self.all_values[:, start:stop])
         view.max_len = self.max_len
         view._all_lengths = self._all_lengths
         base = self._span[0]
@@ -179,9 +186,8 @@ class KVCache:
     def move_row(self, src: int, dst: int) -> None:
         """Copy sequence src's valid slots and length into row dst (a batch closing a hole)."""
         n = self.lengths[src]
-        for keys, values in zip(self.keys, self.values):
-            keys[dst, :, :n] = keys[src, :, :n]
-            values[dst, :, :n] = values[src, :, :n]
+        self.all_keys[:, dst, :, :n] = self.all_keys[:, src, :, :n]
+        self.all_values[:, dst, :, :n] = self.all_values[:, src, :, :n]
         lengths = self.lengths
         lengths[dst] = n
         self.lengths = lengths
@@ -193,8 +199,8 @@ class KVCache:
         """
         if not 0 <= start <= stop <= self.lengths[b]:
             raise ValueError(f"slots {start}..{stop} outside sequence {b}'s {self.lengths[b]} valid slots")
-        keys = torch.stack([k[b, :, start:stop] for k in self.keys])
-        values = torch.stack([v[b, :, start:stop] for v in self.values])
+        keys = self.all_keys[:, b, :, start:stop].clone(memory_format=torch.contiguous_format)
+        values = self.all_values[:, b, :, start:stop].clone(memory_format=torch.contiguous_format)
         return keys, values
 
     def fill(self, b: int, keys: Tensor, values: Tensor) -> None:
@@ -206,9 +212,8 @@ class KVCache:
         if keys.shape[0] != len(self.keys) or n > self.max_len:
             raise ValueError(f"{keys.shape[0]} layers of {n} rows do not fit a cache of {len(self.keys)} layers "
                              f"of {self.max_len} slots")
-        for layer, (k, v) in enumerate(zip(self.keys, self.values)):
-            k[b, :, :n] = keys[layer]
-            v[b, :, :n] = values[layer]
+        self.all_keys[:, b, :, :n] = keys
+        self.all_values[:, b, :, :n] = values
         lengths = self.lengths
         lengths[b] = n
         self.lengths = lengths
