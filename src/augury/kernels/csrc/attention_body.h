@@ -56,40 +56,23 @@ inline float parts_total(vw* acc) { return lane_tree<kW / 2>(fold_parts(acc))[0]
 constexpr int64_t kKeyBlock = 32;
 constexpr int kHeld = 64 / kW > 8 ? 64 / kW : 8;
 
-// out[C native vectors] += sum over the block's keys j, in order, of p[j] * v[j] (v: row stride D).
-template <int C>
-inline void weigh_values(const float* p, const float* v, int64_t nj, int64_t D, float* out) {
-  vw acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = loadw(out + kW * c);
+// out[h][C native vectors] += sum over the block's keys j, in order, of p[h][j] * v[j] (v: row stride D),
+// for NH heads of a KV group at once: each value vector is read once for all of them.
+template <int C, int NH>
+inline void weigh_values(const float* const (&p)[NH], const float* v, int64_t nj, int64_t D, float* const (&out)[NH]) {
+  vw acc[NH][C];
+  for (int h = 0; h < NH; ++h)
+    for (int c = 0; c < C; ++c) acc[h][c] = loadw(out[h] + kW * c);
   for (int64_t j = 0; j < nj; ++j) {
-    const vw pj = splatw(p[j]);
-    for (int c = 0; c < C; ++c) acc[c] += pj * loadw(v + j * D + kW * c);
-  }
-  for (int c = 0; c < C; ++c) storew(out + kW * c, acc[c]);
-}
-
-// The same for two heads of a KV group over the same values (p0, p1: their weights; out0, out1: their
-// outputs), each value vector read once for both; each head's sums in the order above.
-template <int C>
-inline void weigh_values2(const float* p0, const float* p1, const float* v, int64_t nj, int64_t D, float* out0,
-                          float* out1) {
-  vw acc0[C], acc1[C];
-  for (int c = 0; c < C; ++c) {
-    acc0[c] = loadw(out0 + kW * c);
-    acc1[c] = loadw(out1 + kW * c);
-  }
-  for (int64_t j = 0; j < nj; ++j) {
-    const vw pj0 = splatw(p0[j]), pj1 = splatw(p1[j]);
+    vw pj[NH];
+    for (int h = 0; h < NH; ++h) pj[h] = splatw(p[h][j]);
     for (int c = 0; c < C; ++c) {
       const vw vj = loadw(v + j * D + kW * c);
-      acc0[c] += pj0 * vj;
-      acc1[c] += pj1 * vj;
+      for (int h = 0; h < NH; ++h) acc[h][c] += pj[h] * vj;
     }
   }
-  for (int c = 0; c < C; ++c) {
-    storew(out0 + kW * c, acc0[c]);
-    storew(out1 + kW * c, acc1[c]);
-  }
+  for (int h = 0; h < NH; ++h)
+    for (int c = 0; c < C; ++c) storew(out[h] + kW * c, acc[h][c]);
 }
 
 // Lane o of a fold step of half-width H (below): vectors a and b hold blocks of 2H lanes, one block
@@ -262,15 +245,15 @@ void attend_rows(const LayerDesc& L, const LayerIO& io, int64_t r0, int64_t nr, 
     if (parts == kHeld)
       for (; g0 + 1 < group; g0 += 2) {
         float* og = attn + (r0 + i) * n_q + (kvh * group + g0) * D;
-        weigh_values2<kHeld>(scores(i, g0) + j, scores(i, g0 + 1) + j, v, nj, D, og, og + D);
+        weigh_values<kHeld, 2>({scores(i, g0) + j, scores(i, g0 + 1) + j}, v, nj, D, {og, og + D});
       }
     for (int64_t g = g0; g < group; ++g) {
       const float* p = scores(i, g) + j;
       float* og = attn + (r0 + i) * n_q + (kvh * group + g) * D;
       int64_t k = 0;
-      for (; k + kHeld <= parts; k += kHeld) weigh_values<kHeld>(p, v + kW * k, nj, D, og + kW * k);
-      for (; k + kHeld / 2 <= parts; k += kHeld / 2) weigh_values<kHeld / 2>(p, v + kW * k, nj, D, og + kW * k);
-      for (; k < parts; ++k) weigh_values<1>(p, v + kW * k, nj, D, og + kW * k);
+      for (; k + kHeld <= parts; k += kHeld) weigh_values<kHeld, 1>({p}, v + kW * k, nj, D, {og + kW * k});
+      for (; k + kHeld / 2 <= parts; k += kHeld / 2) weigh_values<kHeld / 2, 1>({p}, v + kW * k, nj, D, {og + kW * k});
+      for (; k < parts; ++k) weigh_values<1, 1>({p}, v + kW * k, nj, D, {og + kW * k});
     }
   };
   for (int64_t v0 = lo; v0 < hi; v0 += kKeyBlock) {
