@@ -160,6 +160,32 @@ def test_row_views_share_the_pools_lengths_and_rows_move_with_their_slots():
         view.truncate([3, 2])
 
 
+def test_a_sequences_rows_move_fill_and_copy_out_in_every_layer_and_only_its_own():
+    """fill, copy_rows and move_row work on the pool's one tensor for all layers at once (41d): each must
+    reach every layer's slots of its own row, through the layers' views and a row view alike, and no other row."""
+    layers, slots = 3, 8
+    pool = KVCache(num_layers=layers, batch_size=3, num_kv_heads=2, head_dim=4, max_len=slots, dtype=torch.float32)
+    keys = torch.randn(layers, 2, 5, 4)
+    values = torch.randn(layers, 2, 5, 4)
+    view = pool.rows(1, 3)
+    view.fill(1, keys, values)  # the pool's row 2
+    assert pool.lengths == [0, 0, 5]
+    for layer in range(layers):
+        assert torch.equal(pool.keys[layer][2, :, :5], keys[layer])
+        assert torch.equal(view.values[layer][1, :, :5], values[layer])
+        assert not pool.keys[layer][:2].any(), "rows 0 and 1 are untouched"
+    out_keys, out_values = pool.copy_rows(2, 1, 4)
+    assert torch.equal(out_keys, keys[:, :, 1:4]) and torch.equal(out_values, values[:, :, 1:4])
+    out_keys.zero_()  # a copy, not a view of the pool
+    assert torch.equal(pool.keys[0][2, :, 1:4], keys[0, :, 1:4])
+    pool.move_row(2, 0)
+    assert pool.lengths == [5, 0, 5]
+    for layer in range(layers):
+        assert torch.equal(pool.keys[layer][0, :, :5], keys[layer])
+        assert torch.equal(pool.values[layer][0, :, :5], values[layer])
+        assert not pool.keys[layer][1].any()
+
+
 def test_a_tree_block_mask_with_explicit_positions_equals_each_branch_alone(target):
     """The decoder's tree arguments: two branches verified in one forward (block_mask, positions)
     give each branch's logits as if it were fed alone. (Compacting the chosen branch in the cache
