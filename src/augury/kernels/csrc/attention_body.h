@@ -51,10 +51,10 @@ inline float parts_total(vw* acc) { return lane_tree<kW / 2>(fold_parts(acc))[0]
 
 // Keys whose values are widened to fp32 at a time (kKeyBlock * head_dim floats, L1-resident), and
 // the native vectors of one head's output held in registers over them: each is a chain of additions
-// over the keys, so enough of them run side by side to keep the adders busy (8 on AVX-512, a whole
-// 128-wide head, where 4 left the loop waiting on its additions; docs/benchmarks.md 41).
+// over the keys, so at least 8 run side by side (on AVX-512 a whole 128-wide head, where 4 were held
+// before; docs/benchmarks.md 41 measures this with the other changes of 41b).
 constexpr int64_t kKeyBlock = 32;
-constexpr int kHeld = 64 / kW > 8 ? 64 / kW : 8;
+constexpr int kHeld = std::max(8, 64 / kW);
 
 // out[h][C native vectors] += sum over the block's keys j, in order, of p[h][j] * v[j] (v: row stride D),
 // for NH heads of a KV group at once: each value vector is read once for all of them.
@@ -122,7 +122,7 @@ constexpr int kScoreKeys = kW < 16 / kParts ? kW : 16 / kParts;
 // The same for kW keys at once (k: kW widened keys, row stride D): out[t] = q . k_t * scale, each
 // sum's products and additions as key_score's, the lane trees folded together. One key's sum is a
 // chain of D / kLanes additions; kScoreKeys keys' chains are interleaved so that the adders do not
-// wait on one (on AVX-512 a key a time left the loop at its additions' latency; docs/benchmarks.md 41).
+// wait on one (on AVX-512, one key at a time, perf found the loop on its additions; docs/benchmarks.md 41b).
 inline void block_scores(const float* q, const float* k, int64_t D, float scale, float* out) {
   vw sums[kW];
   for (int t0 = 0; t0 < kW; t0 += kScoreKeys) {

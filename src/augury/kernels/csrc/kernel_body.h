@@ -249,7 +249,7 @@ static void tile_rows(const uint8_t* tile, int64_t groups, const Rows& a, int64_
 // same operations in the same order, so the same bits): a row then costs its products and
 // scaling, not also a load and a store of its 16 sums per sub-block. The rows' loop is unrolled
 // by request: left to itself GCC 12 kept Q6_K's, Q5_0's and Q8_0's 8 sums in memory (a load
-// and a store a row and sub-block), which cost Q6_K 8 and 16 rows about 10% (docs/benchmarks.md 41).
+// and a store a row and sub-block), which cost Q6_K 8 and 16 rows about 10% on AVX-512 (docs/benchmarks.md 41).
 template <int KIND, int NR>
 static void tile_rows_held(const uint8_t* tile, int64_t groups, const Rows& a, int64_t r0, float* acc_out) {
   const int32_t* off = row_offsets<KIND>(a);
