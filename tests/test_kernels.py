@@ -381,3 +381,63 @@ def test_kernel_calls_let_other_python_threads_run(ext):
     worker.join()
     kernel_s = span[1] - span[0]
     assert longest < kernel_s / 2, f"this thread stalled {longest * 1e3:.0f} ms during a {kernel_s * 1e3:.0f} ms kernel call"
+
+
+def _argmax_rows() -> list[torch.Tensor]:
+    """Rows that try every rule of torch.argmax(-1): ties (the first wins), -inf and +inf, +0.0 against
+    -0.0, NaN (torch names the first NaN), widths that are not a whole number of 16-value chunks, the
+    largest value in a chunk's first and last lane and in the tail, rows read with a stride."""
+    g = torch.Generator().manual_seed(5)
+    rows = []
+    for width in (1, 3, 15, 16, 17, 31, 33, 4099, 151936):
+        x = torch.randn(4, width, generator=g)
+        rows += [x, x.round(), torch.full((2, width), float("-inf")), torch.zeros(2, width)]
+        signed_zeros = torch.zeros(3, width)
+        signed_zeros[:, ::2] = -0.0
+        rows.append(signed_zeros)
+        with_nan = x.clone()
+        with_nan[1, width // 2] = float("nan")
+        with_nan[2, -1] = float("nan")
+        rows.append(with_nan)
+        peaks = torch.randn(3, width, generator=g)
+        peaks[0, 0] = 99.0
+        peaks[1, width - 1] = 99.0
+        peaks[2, (width // 16) * 16 - 1 if width >= 16 else 0] = float("inf")
+        rows.append(peaks)
+    wide = torch.randn(3, 64, generator=g).round()
+    rows.append(wide[:, 5:50])  # rows with a stride longer than their width
+    return rows
+
+
+def test_first_largest_names_the_index_torchs_argmax_names(ext):
+    """The kernel's greedy pick (csrc/argmax.h) against torch.argmax(-1), the reference: a NaN row comes
+    back as -1 from the kernel, and `first_largest` then asks torch for it."""
+    from augury.sampling import first_largest
+
+    for x in _argmax_rows():
+        want = x.argmax(-1)
+        raw = ext.first_largest(x)
+        nan_rows = torch.isnan(x).any(-1)
+        assert torch.equal(raw[~nan_rows], want[~nan_rows]), (x.shape, raw, want)
+        assert bool((raw[nan_rows] == -1).all())
+        assert torch.equal(first_largest(x), want), (x.shape, first_largest(x), want)
+    with pytest.raises(RuntimeError, match="first_largest needs float32 rows"):
+        ext.first_largest(torch.zeros(2, 0))
+    with pytest.raises(RuntimeError, match="first_largest needs float32 rows"):
+        ext.first_largest(torch.zeros(2, 8, dtype=torch.bfloat16))
+    assert torch.equal(first_largest(torch.tensor([[1.0, 3.0, 3.0]], dtype=torch.bfloat16)), torch.tensor([1]))
+
+
+def test_first_largest_never_builds_the_kernel():
+    """A process that never loaded the kernel (no GGUF weights) picks greedy tokens with torch and asks
+    nothing of the compiler: in a fresh interpreter, the pick leaves `extension` uncalled."""
+    import subprocess
+    import sys
+
+    code = ("import torch\n"
+            "from augury.sampling import first_largest\n"
+            "from augury.kernels import extension as e\n"
+            "print(first_largest(torch.tensor([[0.5, 2.0, 2.0, -1.0], [3.0, 1.0, 3.0, 0.0]])).tolist(),"
+            " e.extension.cache_info().currsize, e.loaded())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[1,", "0]", "0", "None"], out

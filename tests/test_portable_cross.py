@@ -143,9 +143,23 @@ def _build(compiler: str, out: Path, extra: list[str]) -> None:
     assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stderr[-3000:]}"
 
 
+def _argmax_case(kernel) -> tuple[dict, dict]:
+    """Rows of 1,000 values (62 chunks of 16 and a tail), with ties, -inf, the peak in the tail, a NaN:
+    each row's greedy pick as the extension gives it (tests/test_kernels.py holds that to torch.argmax)."""
+    gen = torch.Generator().manual_seed(3)
+    rows = torch.randn(6, 1000, generator=gen).round()
+    rows[1, ::2] = float("-inf")
+    rows[2, 995] = 50.0
+    rows[3, 17] = float("nan")
+    rows[4] = -0.0
+    return ({"argmax.shape": torch.tensor(list(rows.shape)), "argmax.rows": rows},
+            {"argmax.index": kernel.first_largest(rows)})
+
+
 @pytest.fixture(scope="module")
 def cases(kernel):
-    return [("matmul", *_matmul_case(kernel))] + [(arch, *_layer_case(kernel, arch)) for arch in ("qwen2", "gemma3")]
+    return ([("matmul", *_matmul_case(kernel))] + [(arch, *_layer_case(kernel, arch)) for arch in ("qwen2", "gemma3")]
+            + [("argmax", *_argmax_case(kernel))])
 
 
 def _check(binary: list[str], isa: str, cases, tmp_path: Path) -> None:

@@ -7,7 +7,7 @@
 //
 // A record: u32 name length, the name, u8 type (0 f32, 1 i64, 2 u8, 3 bf16 bits), i64 count, the
 // values in little-endian order. The test names what it sends: "mm.*" for one matmul, "layer.*" for
-// one decoder layer over a cache (see the test for the names).
+// one decoder layer over a cache, "argmax.*" for rows whose greedy pick it checks (see the test for the names).
 
 #include <omp.h>
 
@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "argmax.h"
 #include "common.h"
 #include "ops_portable.h"
 #if defined(__aarch64__)
@@ -176,6 +177,15 @@ void run_layer(const Fns& fns, Inputs& in, std::FILE* out) {
   write_record(out, "layer.values", 3, values.bytes.data(), values.count);
 }
 
+// The greedy pick of each row (argmax.h: the same code for every instruction set; -1 for a NaN row).
+void run_argmax(Inputs& in, std::FILE* out) {
+  const int64_t* shape = in.i64("argmax.shape");  // [N, V]
+  const float* x = in.f32("argmax.rows");
+  std::vector<int64_t> index(shape[0]);
+  for (int64_t r = 0; r < shape[0]; ++r) index[r] = argmax::first_largest(x + r * shape[1], shape[1]);
+  write_record(out, "argmax.index", 1, index.data(), shape[0]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -186,6 +196,7 @@ int main(int argc, char** argv) {
   if (!out) fail(std::string("cannot write ") + argv[3]);
   if (in.has("mm.shape")) run_matmul(fns, in, out);
   if (in.has("layer.shape")) run_layer(fns, in, out);
+  if (in.has("argmax.shape")) run_argmax(in, out);
   std::fclose(out);
   return 0;
 }

@@ -139,6 +139,12 @@ def extension() -> ModuleType | None:
     return module
 
 
+def loaded() -> ModuleType | None:
+    """The kernel module where this process has already built or loaded it (`extension`), else None: never
+    builds, so code that merely may use the kernel (a greedy row's argmax) costs a torch-only process nothing."""
+    return extension() if extension.cache_info().currsize else None
+
+
 @functools.cache
 def kernel_isa() -> str:
     """The kernel variant GGUF matmuls run here: AUGURY_ISA's if set, else the best this CPU runs ("torch"

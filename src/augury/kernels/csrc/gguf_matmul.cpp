@@ -33,6 +33,7 @@
 
 #include "common.h"
 #include "ops_portable.h"
+#include "argmax.h"
 #include "requantize.h"
 #if AUGURY_X86
 #include "ops_avx2.h"
@@ -319,6 +320,20 @@ torch::Tensor fit_q4_0(const torch::Tensor& blocks, const std::vector<double>& d
   return out;
 }
 
+// logits: [N, V] float32, V >= 1 -> [N] int64: each row's first largest value's index, -1 for a row with a NaN.
+torch::Tensor first_largest(const torch::Tensor& logits) {
+  TORCH_CHECK(logits.scalar_type() == torch::kFloat && logits.dim() == 2 && logits.size(1) > 0 &&
+                  logits.stride(1) == 1, "first_largest needs float32 rows [N, V] with V >= 1 and unit stride");
+  const int64_t n = logits.size(0), v = logits.size(1), ld = logits.stride(0);
+  torch::Tensor out = torch::empty({n}, torch::dtype(torch::kLong));
+  const float* x = logits.data_ptr<float>();
+  int64_t* o = out.data_ptr<int64_t>();
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) o[r] = argmax::first_largest(x + r * ld, v);
+  });
+  return out;
+}
+
 std::vector<int64_t> layout_of(int64_t kind) {
   TORCH_CHECK(kind >= 0 && kind < kNumKinds, "unknown block kind ", kind);
   const Layout L = layout(static_cast<int>(kind));
@@ -354,5 +369,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("cos"), py::arg("sin"));
   m.def("fit_q4_0", &fit_q4_0, "Q4_0 blocks with fitted scales (requantize.h)", py::arg("blocks"),
         py::arg("divisors"), py::call_guard<py::gil_scoped_release>());
+  m.def("first_largest", &first_largest, "each row's torch.argmax(-1), or -1 where it holds a NaN (argmax.h)",
+        py::arg("logits"), py::call_guard<py::gil_scoped_release>());
   m.def("layout", &layout_of, "(group_k, subs, sub_bytes, group_bytes) of a block kind");
 }
