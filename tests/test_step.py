@@ -186,6 +186,27 @@ def test_a_sequences_rows_move_fill_and_copy_out_in_every_layer_and_only_its_own
         assert not pool.keys[layer][1].any()
 
 
+def test_the_native_layers_cache_views_follow_every_later_write_and_move():
+    """`sequence_kv` makes its per-sequence views once per storage (42): a fill, a write and a move made
+    after they were first handed out must show through them, and a row view gets views of its own rows."""
+    layers = 2
+    pool = KVCache(num_layers=layers, batch_size=3, num_kv_heads=2, head_dim=4, max_len=6, dtype=torch.float32)
+    before = [pool.sequence_kv(layer) for layer in range(layers)]
+    keys, values = torch.randn(layers, 2, 3, 4), torch.randn(layers, 2, 3, 4)
+    pool.fill(2, keys, values)
+    pool.move_row(2, 0)
+    view = pool.rows(0, 1)
+    view.write(1, torch.ones(1, 2, 1, 4), torch.full((1, 2, 1, 4), 2.0))  # slot 3 of the pool's row 0, layer 1
+    for layer in range(layers):
+        seq_keys, seq_values = pool.sequence_kv(layer)
+        assert seq_keys is before[layer][0] and len(seq_keys) == 3
+        assert torch.equal(seq_keys[0][:, :3], keys[layer]) and torch.equal(seq_values[0][:, :3], values[layer])
+        own_keys, _ = view.sequence_kv(layer)
+        assert len(own_keys) == 1 and own_keys[0].data_ptr() == seq_keys[0].data_ptr()
+    assert torch.equal(pool.sequence_kv(1)[0][0][:, 3], torch.ones(2, 4))
+    assert torch.equal(pool.sequence_kv(1)[1][0][:, 3], torch.full((2, 4), 2.0))
+
+
 def test_a_tree_block_mask_with_explicit_positions_equals_each_branch_alone(target):
     """The decoder's tree arguments: two branches verified in one forward (block_mask, positions)
     give each branch's logits as if it were fed alone. (Compacting the chosen branch in the cache
