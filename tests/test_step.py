@@ -203,6 +203,8 @@ def test_the_native_layers_cache_views_follow_every_later_write_and_move():
         assert torch.equal(seq_keys[0][:, :3], keys[layer]) and torch.equal(seq_values[0][:, :3], values[layer])
         own_keys, _ = view.sequence_kv(layer)
         assert len(own_keys) == 1 and own_keys[0].data_ptr() == seq_keys[0].data_ptr()
+    assert pool.rows(0, 1) is view and pool.rows(0, 2) is not view  # each span's view made once
+    assert pool.rows(0, 2).lengths == pool.lengths[:2]
     assert torch.equal(pool.sequence_kv(1)[0][0][:, 3], torch.ones(2, 4))
     assert torch.equal(pool.sequence_kv(1)[1][0][:, 3], torch.full((2, 4), 2.0))
 

@@ -92,6 +92,7 @@ class KVCache:
         self.all_keys, self.all_values = all_keys, all_values
         self.keys, self.values = list(all_keys.unbind(0)), list(all_values.unbind(0))
         self._sequence_kv: list[tuple[list[Tensor], list[Tensor]] | None] = [None] * len(self.keys)
+        self._views: dict[tuple[int, int], KVCache] = {}  # rows(start, stop), made once each
 
     @property
     def lengths(self) -> list[int]:
@@ -178,15 +179,22 @@ class KVCache:
         one preallocated pool and runs each step on a view of just those rows:
         forwards write straight into the pool, nothing is copied. The view's
         lengths are the pool's lengths of those rows (writing one writes both).
+        A view holds nothing else that changes, so each (start, stop) is made
+        once and handed out again: a scheduler asks for one every step, and its
+        layers' views (`sequence_kv`) then need not be made again either.
         """
         if not 0 <= start <= stop <= self.batch_size:
             raise ValueError(f"rows {start}..{stop} outside a cache of {self.batch_size} sequences")
+        view = self._views.get((start, stop))
+        if view is not None:
+            return view
         view = object.__new__(KVCache)
         view._set_storage(self.all_keys[:, start:stop], self.all_values[:, start:stop])
         view.max_len = self.max_len
         view._all_lengths = self._all_lengths
         base = self._span[0]
         view._span = (base + start, base + stop)
+        self._views[(start, stop)] = view
         return view
 
     def move_row(self, src: int, dst: int) -> None:
