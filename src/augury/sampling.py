@@ -242,7 +242,7 @@ def first_largest(logits: Tensor) -> Tensor:
     """logits.argmax(-1) for rows [N, V]: through the C++ kernel's two vectorised passes where this process
     has it loaded and the rows are float32 on the CPU (the same index: csrc/argmax.h), else torch's.
 
-    torch's argmax took about 85 us a 152k-wide row on a Zen 5, its amax 7 us; a greedy step reads a row
+    torch's argmax took 83-115 us a 152k-wide row on a Zen 5, its amax 7 us; a greedy step reads a row
     per verified token, 16 rows a 16-sequence server step (docs/benchmarks.md 42).
     """
     kernel = loaded_kernel()

@@ -1,8 +1,8 @@
 // A greedy row's token: the first index of a row's largest value, as torch.argmax(-1) names it.
 //
-// Why here: torch's argmax walks a row one value at a time (about 85 us a 151,936-wide fp32 row on a
+// Why here: torch's argmax walks a row one value at a time (83-115 us a 151,936-wide fp32 row on a
 // Zen 5, where its amax takes 7 us), and a greedy step reads one row per token it verifies: 16 rows
-// were about 1.4 ms of a server's 16-sequence step (docs/benchmarks.md 42). Two passes that the
+// were 1.2-1.4 ms of a server's 16-sequence step (docs/benchmarks.md 42). Two passes that the
 // compiler vectorises find the same index: the largest value by lanes, then the first place it occurs.
 #pragma once
 
